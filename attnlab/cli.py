@@ -1,0 +1,268 @@
+"""The ``attnlab`` command: argparse subcommands, each body a call into the library.
+
+Invalid usage and bad input exit with code 2 and a one-line reason on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from attnlab.errors import AttnlabError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse's default prints the whole usage block)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    from attnlab.config import FAMILIES, MLPS, NORMS, PRESETS
+    from attnlab.models.attention import KERNELS
+    from attnlab.models.positional import POSITIONAL
+
+    g = p.add_argument_group("model")
+    g.add_argument("--preset", default="default", choices=list(PRESETS), help="starting point for the model fields")
+    g.add_argument("--family", choices=FAMILIES)
+    g.add_argument("--kernel", choices=list(KERNELS))
+    g.add_argument("--pos", choices=list(POSITIONAL))
+    g.add_argument("--dim", type=int)
+    g.add_argument("--n-layers", type=int)
+    g.add_argument("--n-heads", type=int)
+    g.add_argument("--n-kv-heads", type=int)
+    g.add_argument("--mlp", choices=MLPS)
+    g.add_argument("--norm", choices=NORMS)
+    g.add_argument("--max-seq-len", type=int)
+    g.add_argument("--dropout", type=float)
+    g.add_argument("--fused", action="store_true", default=None, help="recurrent families: torch's fused kernel")
+
+
+def _model_config(args):
+    from attnlab.config import PRESETS, ModelConfig
+
+    fields = dict(PRESETS[args.preset])
+    for name in ("family", "kernel", "pos", "dim", "n_layers", "n_heads", "n_kv_heads", "mlp", "norm",
+                 "max_seq_len", "dropout", "fused"):
+        val = getattr(args, name)
+        if val is not None:
+            fields[name] = val
+    return ModelConfig(**fields)
+
+
+def _train_config(args):
+    from attnlab.config import TrainConfig
+
+    fields = {}
+    for name in ("task", "data", "tokenizer", "bpe_vocab_size", "synth_vocab", "n_pairs", "steps", "batch_size",
+                 "seq_len", "lr", "warmup_steps", "seed", "device", "save_every", "eval_every", "log_every",
+                 "grad_clip"):
+        val = getattr(args, name)
+        if val is not None:
+            fields[name] = val
+    return TrainConfig(**fields)
+
+
+def _set_threads(n: int | None) -> None:
+    import torch
+
+    if n:
+        torch.set_num_threads(n)
+    torch.set_flush_denormal(True)  # denormals made a model 14x slower on these CPUs (MEASURING.md)
+
+
+def cmd_train(args) -> int:
+    from attnlab.train import train
+
+    _set_threads(args.threads)
+    summary = train(_model_config(args), _train_config(args), args.out, resume=args.resume,
+                    overwrite=args.overwrite, progress=not args.quiet)
+    print(json.dumps(summary) if args.json else
+          f"trained {summary['params']:,} params to step {summary['final_step']} in {summary['train_s']:.1f} s: "
+          f"loss {summary.get('loss', float('nan')):.4f}, held-out loss {summary.get('val_loss', float('nan')):.4f}; "
+          f"checkpoint in {args.out}")
+    return 0
+
+
+def _load_for_generation(path: str):
+    from attnlab.checkpoint import load_checkpoint
+    from attnlab.data.tokenizers import load_tokenizer
+
+    model, run_cfg = load_checkpoint(path)
+    return model, run_cfg, load_tokenizer(run_cfg.tokenizer, path)
+
+
+def cmd_generate(args) -> int:
+    from attnlab.engine import generate
+
+    _set_threads(args.threads)
+    prompt = args.prompt if args.prompt is not None else sys.stdin.buffer.read()
+    model, _, tok = _load_for_generation(args.checkpoint)
+    ids = tok.encode(prompt if isinstance(prompt, bytes) else prompt.encode("utf-8", errors="surrogateescape"))
+    res = generate(model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    text = tok.decode_text(res.tokens)
+    if args.json:
+        print(json.dumps({"text": text, "tokens": res.tokens, "ttft_s": res.ttft_s, "tpot_s": res.tpot_s,
+                          "prefill_tok_per_s": res.prefill_tok_per_s, "decode_tok_per_s": res.decode_tok_per_s,
+                          "cache_bytes": res.state_bytes}))
+    else:
+        print(text)
+        print(f"[ttft {res.ttft_s * 1e3:.1f} ms, {res.decode_tok_per_s:.1f} tok/s decode, "
+              f"state {res.state_bytes:,} bytes]", file=sys.stderr)
+    return 0
+
+
+def describe(cfg) -> dict:
+    """Parameter count and state size for a config, built on the meta device (no memory)."""
+    import torch
+
+    from attnlab.models import build_model, count_params
+
+    with torch.device("meta"):
+        model = build_model(cfg, device="meta")
+    if cfg.is_recurrent:
+        fixed = cfg.n_layers * cfg.dim * 4 * (2 if cfg.family == "lstm" else 1)
+        state = {"state_bytes_per_token": 0, "state_bytes_fixed": fixed}
+    else:
+        state = {"state_bytes_per_token": 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4,
+                 "state_bytes_fixed": 0}
+    return {"params": count_params(model), **state, "dtype": "fp32", "config": cfg.to_dict()}
+
+
+def cmd_info(args) -> int:
+    from attnlab.config import PRESETS, RunConfig, preset
+
+    path = Path(args.target)
+    if path.is_dir():
+        from attnlab.checkpoint import verify
+
+        verify(path)
+        cfg = RunConfig.load(path / "config.json").model
+    elif path.suffix == ".json" and path.exists():
+        cfg = RunConfig.load(path).model
+    elif args.target in PRESETS:
+        cfg = preset(args.target)
+    else:
+        raise AttnlabError(f"{args.target!r} is neither a checkpoint folder nor a preset; presets: "
+                           f"{', '.join(PRESETS)}")
+    info = describe(cfg)
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    print(f"{args.target}: {cfg.family}, {info['params']:,} parameters")
+    if cfg.is_recurrent:
+        print(f"  state: {info['state_bytes_fixed']:,} bytes (fp32), the same at any context length")
+    else:
+        print(f"  KV cache: {info['state_bytes_per_token']:,} bytes per token (fp32), "
+              f"{info['state_bytes_per_token'] * cfg.max_seq_len:,} at max_seq_len {cfg.max_seq_len}")
+    print("  config: " + json.dumps(cfg.to_dict()))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """The README's main job for now: train the default transformer on the embedded corpus, then sample."""
+    from attnlab.config import TrainConfig, preset
+    from attnlab.engine import generate
+    from attnlab.train import train
+
+    _set_threads(args.threads)
+    t0 = time.perf_counter()
+    tcfg = TrainConfig(steps=args.steps, batch_size=16, seq_len=128, eval_every=max(1, args.steps // 4),
+                       save_every=args.steps, seed=args.seed)
+    print(f"attnlab demo: training the default transformer on the embedded corpus (Python's stdlib sources), "
+          f"{args.steps} steps", flush=True)
+    summary = train(preset("default"), tcfg, args.out, overwrite=True, progress=not args.quiet)
+    model, _, tok = _load_for_generation(args.out)
+    prompt = "def "
+    res = generate(model, tok.encode(prompt), 200, temperature=0.8, top_k=40, seed=args.seed)
+    wall = time.perf_counter() - t0
+    print(f"\nmodel: {summary['params']:,} params; trained in {summary['train_s']:.1f} s at "
+          f"{summary['tok_per_s']:,.0f} tokens/s; held-out loss {summary['val_loss']:.3f} "
+          f"(perplexity {summary['val_ppl']:.2f} per byte)")
+    print(f"sample ({res.prompt_tokens}-token prompt, {len(res.tokens)} new tokens): time-to-first-token "
+          f"{res.ttft_s * 1e3:.1f} ms, {res.decode_tok_per_s:.0f} tokens/s decode, KV cache {res.state_bytes:,} bytes")
+    print("-" * 60)
+    print(prompt + tok.decode_text(res.tokens))
+    print("-" * 60)
+    print(f"total wall time {wall:.1f} s; checkpoint in {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from attnlab.config import TASKS, TOKENIZERS
+
+    parser = _Parser(prog="attnlab", description="Transformer self-attention vs its sequential rivals, measured.")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("train", help="train a model; --out DIR becomes its checkpoint folder")
+    _model_args(p)
+    g = p.add_argument_group("data and training")
+    g.add_argument("--task", choices=TASKS)
+    g.add_argument("--data", help="text file or folder (default: the embedded Python stdlib corpus)")
+    g.add_argument("--tokenizer", choices=TOKENIZERS)
+    g.add_argument("--bpe-vocab-size", type=int)
+    g.add_argument("--synth-vocab", type=int, help="copy/mqar vocabulary size")
+    g.add_argument("--n-pairs", type=int, help="mqar key-value pairs")
+    g.add_argument("--steps", type=int)
+    g.add_argument("--batch-size", type=int)
+    g.add_argument("--seq-len", type=int)
+    g.add_argument("--lr", type=float)
+    g.add_argument("--warmup-steps", type=int)
+    g.add_argument("--grad-clip", type=float)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--device", choices=("cpu", "cuda"))
+    g.add_argument("--out", required=True, help="checkpoint folder (config.json, model.safetensors, metrics.jsonl)")
+    g.add_argument("--save-every", type=int)
+    g.add_argument("--eval-every", type=int)
+    g.add_argument("--log-every", type=int)
+    g.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
+    g.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a checkpoint")
+    g.add_argument("--threads", type=int)
+    g.add_argument("--quiet", action="store_true")
+    g.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("generate", help="continue a prompt with a trained checkpoint")
+    p.add_argument("checkpoint")
+    p.add_argument("--prompt", help="text (default: read standard input)")
+    p.add_argument("--max-new-tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("info", help="parameters, state bytes and config of a checkpoint or preset")
+    p.add_argument("target", help="checkpoint folder, config.json or preset name")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("demo", help="the quick-start job: train the default model and sample from it")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def _version() -> str:
+    from attnlab import __version__
+
+    return f"attnlab {__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (AttnlabError, ValueError) as e:
+        print(f"attnlab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,107 @@
+"""Causal multi-head attention with grouped-query heads, and a registry of interchangeable kernels.
+
+Every kernel has one signature (HF-transformers style: the eager reference beside the fast ones):
+
+    kernel(q, k, v, *, q_offset, causal, alibi_slopes, scale) -> out
+    q (B, H, T, D); k, v (B, Hkv, S, D) with H % Hkv == 0; out (B, H, T, D)
+
+Query i sits at absolute position q_offset + i and keys at 0..S-1, so the same kernel serves a full
+pass (q_offset=0, T=S), prefill after a cached prefix, and decode (T=1). ``naive`` materialises the
+T x S score matrix and is the reference every other kernel is tested against.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KERNELS: dict[str, Callable] = {}
+
+
+def register_kernel(name: str):
+    def wrap(fn):
+        KERNELS[name] = fn
+        return fn
+    return wrap
+
+
+def causal_mask(T: int, S: int, q_offset: int, device) -> torch.Tensor:
+    """(T, S) bool, True where key j is visible to query i: j <= q_offset + i."""
+    q_pos = torch.arange(q_offset, q_offset + T, device=device)
+    return torch.arange(S, device=device)[None, :] <= q_pos[:, None]
+
+
+def alibi_bias(slopes: torch.Tensor, T: int, S: int, q_offset: int, device) -> torch.Tensor:
+    """(H, T, S) additive bias -slope_h * (i - j): linear in distance, zero on the diagonal."""
+    q_pos = torch.arange(q_offset, q_offset + T, device=device)
+    distance = (torch.arange(S, device=device)[None, :] - q_pos[:, None]).float()  # (T, S), <= 0 if causal
+    return slopes.to(device)[:, None, None] * distance[None]
+
+
+@register_kernel("naive")
+def naive_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale: float):
+    """softmax(q k^T * scale + bias) v, with the T x S matrix explicit. Work O(T*S*D), memory O(T*S)."""
+    B, H, T, D = q.shape
+    S = k.shape[-2]
+    groups = H // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1)  # (B, H, S, D): each kv head serves `groups` query heads
+    v = v.repeat_interleave(groups, dim=1)
+    scores = (q @ k.transpose(-2, -1)).float() * scale  # (B, H, T, S)
+    if alibi_slopes is not None:
+        scores = scores + alibi_bias(alibi_slopes, T, S, q_offset, q.device)
+    if causal:
+        scores = scores.masked_fill(~causal_mask(T, S, q_offset, q.device), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return probs @ v  # (B, H, T, D)
+
+
+@register_kernel("sdpa")
+def sdpa_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale: float):
+    """torch.nn.functional.scaled_dot_product_attention (fused flash/memory-efficient kernels where possible)."""
+    T, S = q.shape[-2], k.shape[-2]
+    mask, is_causal = None, False
+    if alibi_slopes is not None:
+        mask = alibi_bias(alibi_slopes, T, S, q_offset, q.device).to(q.dtype)
+        if causal:
+            mask = mask.masked_fill(~causal_mask(T, S, q_offset, q.device), float("-inf"))
+    elif causal and T > 1:  # T == 1 at the end of the keys sees every key: no mask needed
+        if T == S and q_offset == 0:
+            is_causal = True  # sdpa's own causal mask is top-left aligned: right only when T == S
+        else:
+            mask = causal_mask(T, S, q_offset, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+class Attention(nn.Module):
+    """Projections, positional rotation, KV-cache write and the chosen kernel."""
+
+    def __init__(self, cfg, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.kernel = KERNELS[cfg.kernel]
+        self.causal = cfg.causal
+        self.scale = self.head_dim ** -0.5
+        qkv_dim = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+        self.wqkv = nn.Linear(cfg.dim, qkv_dim, bias=cfg.bias)  # one matmul for q, k and v
+        self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.dim, bias=cfg.bias)
+
+    def forward(self, x, positions, pos_enc, cache=None):
+        B, T, _ = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q, k, v = self.wqkv(x).split((H * D, Hkv * D, Hkv * D), dim=-1)
+        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(B, T, Hkv, D).transpose(1, 2)
+        q, k = pos_enc.rotate(q, k, positions)
+        q_offset = 0
+        if cache is not None:
+            q_offset = cache.pos
+            k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, pos + T, D) views of the cache
+        out = self.kernel(q, k, v, q_offset=q_offset, causal=self.causal,
+                          alibi_slopes=pos_enc.alibi_slopes, scale=self.scale)
+        out = out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
+        return self.wo(out)

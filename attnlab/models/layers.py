@@ -1,0 +1,43 @@
+"""Building blocks shared by the transformer: norms and the two MLP variants."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Zhang & Sennrich 2019: x / rms(x) * w; no mean subtraction, no bias (Llama)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # Normalise in fp32 for stability under bf16, as Llama does.
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def build_norm(cfg) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.dim, cfg.norm_eps)
+    return nn.LayerNorm(cfg.dim, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+class MLP(nn.Module):
+    """GELU: w2(gelu(w1 x)) (GPT-2, tanh approximation). SwiGLU: w2(silu(w1 x) * w3 x) (Shazeer 2020, Llama)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.gated = cfg.mlp == "swiglu"
+        self.w1 = nn.Linear(cfg.dim, cfg.hidden_dim, bias=cfg.bias)
+        self.w2 = nn.Linear(cfg.hidden_dim, cfg.dim, bias=cfg.bias)
+        if self.gated:
+            self.w3 = nn.Linear(cfg.dim, cfg.hidden_dim, bias=cfg.bias)
+
+    def forward(self, x):
+        if self.gated:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))

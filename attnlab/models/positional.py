@@ -1,0 +1,123 @@
+"""Positional encodings: how a permutation-equivariant attention layer learns about order.
+
+Three ways to inject position, each a registry entry with one small interface:
+- absolute (``sinusoidal``, ``learned``): a vector added to the token embedding, ``embed(x, positions)``;
+- relative by rotation (``rope``, RoFormer arXiv 2104.09864): ``rotate(q, k, positions)``;
+- relative by bias (``alibi``, Press et al. 2022): per-head slopes added to the scores, ``alibi_slopes``.
+``none`` leaves attention blind to order. Sinusoids, RoPE and ALiBi are computed for any position, so
+only ``learned`` has a table that bounds the sequence length.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from attnlab.errors import ConfigError
+
+
+class Positional(nn.Module):
+    """No positional information (the base behaviour of every hook)."""
+
+    alibi_slopes: torch.Tensor | None = None
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
+        return q, k
+
+
+class Sinusoidal(Positional):
+    """Vaswani et al. 2017, sec. 3.5: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(same)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.register_buffer("inv_freq", 10000.0 ** (-torch.arange(0, dim, 2).float() / dim), persistent=False)
+
+    def embed(self, x, positions):
+        angles = positions.float()[:, None] * self.inv_freq[None, :]  # (T, dim/2)
+        pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (T, dim) interleaved sin, cos
+        return x + pe.to(x.dtype)
+
+
+class Learned(Positional):
+    """GPT-2 style: a trained table of max_seq_len vectors. It cannot represent later positions."""
+
+    def __init__(self, dim: int, max_seq_len: int):
+        super().__init__()
+        self.table = nn.Embedding(max_seq_len, dim)
+
+    def embed(self, x, positions):
+        size = self.table.num_embeddings
+        last = int(positions[-1])
+        if last >= size:
+            raise ConfigError(
+                f"position {last} is beyond the learned positional table's size max_seq_len={size}; "
+                f"use a sequence of at most {size} tokens, a larger max_seq_len, or pos rope/alibi/sinusoidal")
+        return x + self.table(positions)
+
+
+class Rope(Positional):
+    """Rotary embedding, rotate-half layout (as Llama in HF transformers).
+
+    Query/key pairs (x_i, x_{i+D/2}) rotate by angle p * theta^(-2i/D), so q.k depends on p_q - p_k only.
+    ``scale`` > 1 is linear position interpolation (arXiv 2306.15595): positions are divided by it.
+    """
+
+    def __init__(self, head_dim: int, theta: float = 10000.0, scale: float = 1.0):
+        super().__init__()
+        self.scale = scale
+        inv_freq = theta ** (-torch.arange(0, head_dim, 2).float() / head_dim)  # (D/2,)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+        angles = (positions.float() / self.scale)[:, None] * self.inv_freq[None, :]  # (T, D/2)
+        angles = torch.cat((angles, angles), dim=-1)  # (T, D)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def rotate(self, q, k, positions):
+        cos, sin = self.cos_sin(positions, q.dtype)  # each (T, D), broadcast over (B, H, T, D)
+        return _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
+
+
+def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """Press et al. 2022: geometric slopes 2^(-8/n), 2^(-16/n), ...; non-powers of two interleave two series."""
+    def powers(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+    if math.log2(n_heads).is_integer():
+        return torch.tensor(powers(n_heads))
+    closest = 2 ** math.floor(math.log2(n_heads))
+    extra = powers(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(powers(closest) + extra)
+
+
+class Alibi(Positional):
+    """Linear biases: score(i, j) += -slope_h * (i - j). No embedding; extrapolates by construction."""
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.register_buffer("alibi_slopes", alibi_slopes(n_heads), persistent=False)
+
+
+POSITIONAL = {"none": Positional, "sinusoidal": Sinusoidal, "learned": Learned, "rope": Rope, "alibi": Alibi}
+
+
+def build_positional(cfg) -> Positional:
+    if cfg.pos == "sinusoidal":
+        return Sinusoidal(cfg.dim)
+    if cfg.pos == "learned":
+        return Learned(cfg.dim, cfg.max_seq_len)
+    if cfg.pos == "rope":
+        return Rope(cfg.head_dim, cfg.rope_theta)
+    if cfg.pos == "alibi":
+        return Alibi(cfg.n_heads)
+    return Positional()

@@ -1,0 +1,112 @@
+"""Recurrent language models (tanh RNN, LSTM, GRU): the sequential baseline attention replaced.
+
+The pass over T tokens is a genuine loop of T dependent steps: step t needs h_{t-1}. Only the input
+projection W_ih x_t, which has no recurrence, is computed for all t at once. Parameters live in torch's
+nn.RNN/LSTM/GRU modules, so the same weights can also run through torch's fused kernel
+(``fused=True``) and the two paths are tested to agree. Gate layouts follow torch:
+LSTM (i, f, g, o); GRU (r, z, n) with n = tanh(W_in x + b_in + r * (W_hn h + b_hn)).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnlab.config import ModelConfig
+from attnlab.models.state import RecurrentState
+from attnlab.models.transformer import _check_tokens
+
+_MODULES = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
+
+
+def rnn_step(xw, h, w_hh, b_hh):
+    return torch.tanh(xw + h @ w_hh.t() + b_hh)
+
+
+def lstm_step(xw, h, c, w_hh, b_hh):
+    i, f, g, o = (xw + h @ w_hh.t() + b_hh).chunk(4, dim=-1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def gru_step(xw, h, w_hh, b_hh):
+    x_r, x_z, x_n = xw.chunk(3, dim=-1)
+    h_r, h_z, h_n = (h @ w_hh.t() + b_hh).chunk(3, dim=-1)
+    r = torch.sigmoid(x_r + h_r)
+    z = torch.sigmoid(x_z + h_z)
+    n = torch.tanh(x_n + r * h_n)
+    return (1 - z) * n + z * h
+
+
+class RecurrentLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.kind = cfg.family
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.rnn = _MODULES[cfg.family](cfg.dim, cfg.dim, num_layers=cfg.n_layers, batch_first=True,
+                                        dropout=cfg.dropout if cfg.n_layers > 1 else 0.0)
+        self.norm = nn.LayerNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        nn.init.normal_(self.tok_emb.weight, 0.0, cfg.init_std)
+        nn.init.normal_(self.head.weight, 0.0, cfg.init_std)
+        if cfg.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+
+    def new_state(self, batch_size: int, max_len: int | None = None, dtype=None, device=None) -> RecurrentState:
+        """max_len is accepted for the shared contract and ignored: the state has a fixed size."""
+        ref = self.tok_emb.weight
+        shape = (self.cfg.n_layers, batch_size, self.cfg.dim)
+        kw = dict(dtype=dtype or ref.dtype, device=device or ref.device)
+        return RecurrentState(h=torch.zeros(shape, **kw),
+                              c=torch.zeros(shape, **kw) if self.kind == "lstm" else None)
+
+    def forward(self, tokens: torch.Tensor, state: RecurrentState | None = None):
+        B, T = _check_tokens(tokens)
+        x = self.tok_emb(tokens)  # (B, T, dim)
+        if state is None:
+            state_in = self.new_state(B)
+        else:
+            state_in = state
+        if self.cfg.fused:
+            x, h, c = self._fused(x, state_in)
+        else:
+            x, h, c = self._loop(x, state_in)
+        if state is not None:
+            state.h.copy_(h)
+            if c is not None:
+                state.c.copy_(c)
+            state.advance(T)
+        return self.head(self.norm(x)), state
+
+    def _fused(self, x, state):
+        hx = (state.h, state.c) if self.kind == "lstm" else state.h
+        out, hn = self.rnn(x, hx)
+        if self.kind == "lstm":
+            return out, hn[0], hn[1]
+        return out, hn, None
+
+    def _loop(self, x, state):
+        """Layer by layer, T dependent steps each: the sequential depth this family is known for."""
+        hs, cs = [], []
+        drop = self.rnn.dropout if self.training else 0.0
+        for layer in range(self.cfg.n_layers):
+            w_ih, w_hh = getattr(self.rnn, f"weight_ih_l{layer}"), getattr(self.rnn, f"weight_hh_l{layer}")
+            b_ih, b_hh = getattr(self.rnn, f"bias_ih_l{layer}"), getattr(self.rnn, f"bias_hh_l{layer}")
+            xw = x @ w_ih.t() + b_ih  # (B, T, gates*dim): no recurrence, so all T at once
+            h = state.h[layer]
+            c = state.c[layer] if self.kind == "lstm" else None
+            outs = []
+            for t in range(x.shape[1]):  # the chain: step t cannot start before step t-1 ends
+                if self.kind == "lstm":
+                    h, c = lstm_step(xw[:, t], h, c, w_hh, b_hh)
+                elif self.kind == "gru":
+                    h = gru_step(xw[:, t], h, w_hh, b_hh)
+                else:
+                    h = rnn_step(xw[:, t], h, w_hh, b_hh)
+                outs.append(h)
+            x = torch.stack(outs, dim=1)  # (B, T, dim)
+            if drop and layer < self.cfg.n_layers - 1:
+                x = nn.functional.dropout(x, drop, training=True)
+            hs.append(h)
+            cs.append(c)
+        return x, torch.stack(hs), (torch.stack(cs) if self.kind == "lstm" else None)

@@ -1,0 +1,86 @@
+"""Decoder-only, pre-norm transformer: every position of a sequence is processed in one parallel pass.
+
+    x = embed(tokens) [+ absolute positions]
+    repeat n_layers:  x = x + attn(norm(x));  x = x + mlp(norm(x))
+    logits = head(norm(x))
+
+With a KV cache the same forward serves prefill (T = prompt length) and decode (T = 1).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from attnlab.config import ModelConfig
+from attnlab.models.attention import Attention
+from attnlab.models.layers import MLP, build_norm
+from attnlab.models.positional import build_positional
+from attnlab.models.state import KVCache
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.attn_norm = build_norm(cfg)
+        self.attn = Attention(cfg, layer_idx)
+        self.mlp_norm = build_norm(cfg)
+        self.mlp = MLP(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, positions, pos_enc, cache=None):
+        x = x + self.dropout(self.attn(self.attn_norm(x), positions, pos_enc, cache))
+        return x + self.dropout(self.mlp(self.mlp_norm(x)))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.pos_enc = build_positional(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = build_norm(cfg)
+        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+        if cfg.tie_embeddings:  # one matrix reads tokens in and scores them out (Press & Wolf 2017)
+            self.head.weight = self.tok_emb.weight
+
+    def reset_parameters(self) -> None:
+        """GPT-2 init: N(0, 0.02) everywhere, residual output projections scaled by 1/sqrt(2 * n_layers)."""
+        std = self.cfg.init_std
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                scaled = name.endswith(("attn.wo.weight", "mlp.w2.weight"))
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layers) if scaled else std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def new_state(self, batch_size: int, max_len: int | None = None, dtype=None, device=None) -> KVCache:
+        cfg = self.cfg
+        ref = self.tok_emb.weight
+        return KVCache.allocate(cfg.n_layers, batch_size, cfg.n_kv_heads, max_len or cfg.max_seq_len,
+                                cfg.head_dim, dtype=dtype or ref.dtype, device=device or ref.device)
+
+    def forward(self, tokens: torch.Tensor, state: KVCache | None = None):
+        B, T = _check_tokens(tokens)
+        start = 0 if state is None else state.pos
+        positions = torch.arange(start, start + T, device=tokens.device)
+        x = self.dropout(self.pos_enc.embed(self.tok_emb(tokens), positions))  # (B, T, dim)
+        for block in self.blocks:
+            x = block(x, positions, self.pos_enc, state)
+        logits = self.head(self.norm(x))  # (B, T, V)
+        if state is not None:
+            state.advance(T)
+        return logits, state
+
+
+def _check_tokens(tokens: torch.Tensor):
+    if tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int32):
+        raise ValueError(f"tokens must be an integer tensor of shape (B, T), got {tuple(tokens.shape)} "
+                         f"{tokens.dtype}")
+    if tokens.shape[1] == 0:
+        raise ValueError("tokens has no positions (T=0); pass at least one token")
+    return tokens.shape

@@ -1,0 +1,222 @@
+"""One ``train()`` function: AdamW, warmup + cosine, clipping, held-out evaluation, checkpoints, resume.
+
+Exact resume: batch s is a pure function of (seed, s); the checkpoint holds the weights, AdamW's
+moments and step counts, and the RNG states, all as safetensors. A run killed at any moment and
+restarted with ``resume=True`` therefore ends with the same weights, bit for bit, as one never
+interrupted (on the same machine, threads and torch version). metrics.jsonl is cut back to the
+checkpoint's step on resume, so the loss curve is the uninterrupted one as well.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.checkpoint import TRAINER, has_checkpoint, load_trainer_state, load_weights, save_checkpoint
+from attnlab.config import ModelConfig, RunConfig, TrainConfig
+from attnlab.data.synthetic import IGNORE
+from attnlab.data.tasks import make_task
+from attnlab.errors import CheckpointError, ConfigError, TrainingDiverged
+from attnlab.models import build_model, count_params
+
+METRICS = "metrics.jsonl"
+# Changing these on resume cannot change the weights: they only say when to log, evaluate or save.
+RESUME_MAY_DIFFER = {"log_every", "eval_every", "save_every", "eval_batches", "steps"}
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to lr over warmup_steps, then cosine decay to lr * min_lr_ratio at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """Weight decay on matrices only (not norms, biases); embeddings are matrices and decay, as in nanoGPT."""
+    params = {id(p): p for p in model.parameters() if p.requires_grad}.values()
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), foreach=False)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE)
+
+
+@torch.no_grad()
+def evaluate(model, batches, device) -> dict:
+    """Mean held-out loss over all target tokens; accuracy over the positions that have a target."""
+    was_training = model.training
+    model.eval()
+    total_loss, total_tokens, correct = 0.0, 0, 0
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        logits, _ = model(x)
+        mask = y != IGNORE
+        n = int(mask.sum())
+        total_loss += float(lm_loss(logits, y)) * n
+        correct += int(((logits.argmax(-1) == y) & mask).sum())
+        total_tokens += n
+    model.train(was_training)
+    loss = total_loss / max(1, total_tokens)
+    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_acc": correct / max(1, total_tokens)}
+
+
+def _trainer_tensors(model, optimizer) -> dict[str, torch.Tensor]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = {"rng/torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        out["rng/cuda"] = torch.cuda.get_rng_state()
+    for p, st in optimizer.state.items():
+        for key, val in st.items():
+            out[f"optim/{names[id(p)]}/{key}"] = val if torch.is_tensor(val) else torch.tensor(val)
+    return out
+
+
+def _restore_trainer(model, optimizer, tensors) -> None:
+    params = dict(model.named_parameters())
+    for key, val in tensors.items():
+        kind, rest = key.split("/", 1)
+        if kind == "rng":
+            if rest == "torch":
+                torch.set_rng_state(val)
+            elif rest == "cuda" and torch.cuda.is_available():
+                torch.cuda.set_rng_state(val)
+            continue
+        name, slot = rest.rsplit("/", 1)
+        if name not in params:
+            raise CheckpointError(f"trainer state names parameter {name!r}, which the model lacks")
+        p = params[name]
+        optimizer.state[p][slot] = val.to(p.device) if slot != "step" else val
+
+
+def _check_resume_config(saved: RunConfig, model_cfg: ModelConfig, train_cfg: TrainConfig, folder: Path) -> None:
+    diffs = [f"model.{k}: saved {v!r}, now {getattr(model_cfg, k)!r}"
+             for k, v in saved.model.to_dict().items() if getattr(model_cfg, k) != v]
+    if saved.train is not None:
+        diffs += [f"train.{k}: saved {v!r}, now {getattr(train_cfg, k)!r}"
+                  for k, v in saved.train.to_dict().items()
+                  if k not in RESUME_MAY_DIFFER and getattr(train_cfg, k) != v]
+    if diffs:
+        raise ConfigError(f"--resume in {folder}: the command differs from the saved run ({'; '.join(diffs)}); "
+                          "rerun with the same settings, or use a new --out")
+
+
+def _cut_metrics(path: Path, step: int) -> None:
+    """Keep only complete lines up to ``step``: a killed run may have logged past its last checkpoint."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by the kill
+        if rec.get("step", 0) <= step:
+            kept.append(line)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(k + "\n" for k in kept))
+    tmp.replace(path)
+
+
+def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
+          overwrite: bool = False, progress: bool = True) -> dict:
+    """Train and checkpoint into ``out_dir``; returns a summary with the final metrics and timings."""
+    out = Path(out_dir)
+    if has_checkpoint(out) and not (resume or overwrite):
+        raise CheckpointError(f"{out} already holds a checkpoint; pass --resume to continue it, or choose "
+                              "another --out (nothing was overwritten)")
+    device = torch.device(train_cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but torch sees no CUDA device; use --device cpu")
+    torch.manual_seed(train_cfg.seed)
+    task = make_task(train_cfg, out, resume=resume)
+    model_cfg = dataclasses.replace(model_cfg, vocab_size=task.vocab_size)
+    if not model_cfg.is_recurrent and model_cfg.pos == "learned" and train_cfg.seq_len > model_cfg.max_seq_len:
+        raise ConfigError(f"seq_len={train_cfg.seq_len} is above the learned positional table's size "
+                          f"max_seq_len={model_cfg.max_seq_len}; raise --max-seq-len or shorten --seq-len")
+    model = build_model(model_cfg, device)
+    optimizer = make_optimizer(model, train_cfg)
+    run_cfg = RunConfig(model=model_cfg, train=train_cfg, tokenizer="byte" if task.synthetic else task.tokenizer.name,
+                        extra={"data": task.info, "torch": torch.__version__, "params": count_params(model)})
+    start = 0
+    metrics_path = out / METRICS
+    if resume and has_checkpoint(out) and (out / TRAINER).exists():
+        from attnlab.checkpoint import verify
+        from safetensors.torch import load_file
+
+        verify(out)
+        _check_resume_config(RunConfig.load(out / "config.json"), model_cfg, train_cfg, out)
+        load_weights(model, {k: v.to(device) for k, v in load_file(str(out / "model.safetensors")).items()},
+                     str(out / "model.safetensors"))
+        optimizer = make_optimizer(model, train_cfg)  # rebuilt: loading assigned new Parameter objects
+        tensors, start, _ = load_trainer_state(out)
+        _restore_trainer(model, optimizer, tensors)
+        _cut_metrics(metrics_path, start)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        metrics_path.unlink(missing_ok=True)
+    if task.tokenizer is not None:
+        task.tokenizer.save(out)
+    eval_batches = task.eval_batches()
+    model.train()
+    tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
+    summary = {"params": count_params(model), "start_step": start, "steps": train_cfg.steps, "out": str(out)}
+    last_good = start
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=train_cfg.steps, initial=start, desc=f"train {model_cfg.family}", unit="step",
+                   dynamic_ncols=True)
+    t_start, window_t, window_tokens = time.perf_counter(), time.perf_counter(), 0
+    with open(metrics_path, "a") as log:
+        for step in range(start, train_cfg.steps):
+            lr = lr_at(step, train_cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            x, y = task.batch(step)
+            logits, _ = model(x.to(device))
+            loss = lm_loss(logits, y.to(device))
+            if not torch.isfinite(loss):
+                raise TrainingDiverged(
+                    f"loss became {loss.item()} at step {step + 1}; stopped, and the last good checkpoint "
+                    f"(step {last_good}) is kept in {out}; lower --lr or keep gradient clipping on")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip or float("inf"))
+            optimizer.step()
+            done = step + 1
+            window_tokens += tokens_per_step
+            if done % train_cfg.log_every == 0 or done == train_cfg.steps:
+                now = time.perf_counter()
+                rec = {"step": done, "loss": loss.item(), "lr": lr, "grad_norm": grad_norm.item(),
+                       "tok_per_s": window_tokens / (now - window_t), "elapsed_s": now - t_start}
+                window_t, window_tokens = now, 0
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+                summary["loss"], summary["tok_per_s"] = rec["loss"], rec["tok_per_s"]
+                if bar is not None:
+                    bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tok_per_s']:.0f}")
+            if done % train_cfg.eval_every == 0 or done == train_cfg.steps:
+                ev = evaluate(model, eval_batches, device)
+                log.write(json.dumps({"step": done, **ev}) + "\n")
+                log.flush()
+                summary.update(ev)
+            if (train_cfg.save_every and done % train_cfg.save_every == 0) or done == train_cfg.steps:
+                save_checkpoint(out, model, run_cfg, done, _trainer_tensors(model, optimizer))
+                last_good = done
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    summary["train_s"] = time.perf_counter() - t_start
+    summary["final_step"] = train_cfg.steps
+    return summary
