@@ -68,10 +68,10 @@ def recover(folder: str | Path) -> None:
 
 
 def commit_files(folder: str | Path, files: dict[str, bytes | Path]) -> None:
-    """Atomically replace every named file in ``folder``; values are bytes or an already-written temp path."""
+    """Atomically replace every named file in ``folder``; values are bytes or an already-written temp path.
+
+    The caller runs ``recover(folder)`` before writing any temp file (it discards uncommitted temps)."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    recover(folder)
     for name, data in files.items():
         if isinstance(data, Path):
             assert data == _tmp(folder, name), "pre-written files must use the folder's temp name"
@@ -174,10 +174,10 @@ def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", dtyp
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{folder / WEIGHTS}: unreadable safetensors file ({e})") from None
     load_weights(model, tensors, str(folder / WEIGHTS))
+    _rebuild_buffers(model)
     model = model.to(device)
     if dtype is not None:
         model = model.to(dtype)
-    _rebuild_buffers(model)
     return model.eval(), run_cfg
 
 

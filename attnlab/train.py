@@ -128,8 +128,11 @@ def _cut_metrics(path: Path, step: int) -> None:
 
 
 def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
-          overwrite: bool = False, progress: bool = True) -> dict:
-    """Train and checkpoint into ``out_dir``; returns a summary with the final metrics and timings."""
+          overwrite: bool = False, progress: bool = True, stop_after: int | None = None) -> dict:
+    """Train and checkpoint into ``out_dir``; returns a summary with the final metrics and timings.
+
+    ``stop_after`` ends this call after that step (checkpointing it) without changing the schedule, so a
+    long run can be done in slices with ``resume=True``."""
     out = Path(out_dir)
     if has_checkpoint(out) and not (resume or overwrite):
         raise CheckpointError(f"{out} already holds a checkpoint; pass --resume to continue it, or choose "
@@ -210,13 +213,16 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, r
                 log.write(json.dumps({"step": done, **ev}) + "\n")
                 log.flush()
                 summary.update(ev)
-            if (train_cfg.save_every and done % train_cfg.save_every == 0) or done == train_cfg.steps:
+            stopping = done == stop_after
+            if (train_cfg.save_every and done % train_cfg.save_every == 0) or done == train_cfg.steps or stopping:
                 save_checkpoint(out, model, run_cfg, done, _trainer_tensors(model, optimizer))
                 last_good = done
             if bar is not None:
                 bar.update(1)
+            if stopping:
+                break
     if bar is not None:
         bar.close()
     summary["train_s"] = time.perf_counter() - t_start
-    summary["final_step"] = train_cfg.steps
+    summary["final_step"] = last_good
     return summary

@@ -38,28 +38,29 @@ def _is_val(rel: str) -> bool:
     return hashlib.sha256(rel.encode()).digest()[0] < 26
 
 
-def _collect(root: Path, pattern_suffixes: set[str] | None) -> list[Path]:
-    files = []
-    for p in sorted(root.rglob("*")):
-        if not p.is_file() or any(part.startswith(".") or part in ("site-packages", "__pycache__")
-                                  for part in p.relative_to(root).parts):
+def _walk(root: Path, suffixes: set[str] | None):
+    """Files under root, depth first, each folder's entries in sorted order; hidden folders,
+    __pycache__ and site-packages skipped. A generator, so reading can stop at max_bytes early."""
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(".") or p.name in ("site-packages", "__pycache__"):
             continue
-        if pattern_suffixes is None or p.suffix in pattern_suffixes:
-            files.append(p)
-    return files
+        if p.is_dir():
+            yield from _walk(p, suffixes)
+        elif p.is_file() and (suffixes is None or p.suffix in suffixes):
+            yield p
 
 
 def load_corpus(path: str | None = None, max_bytes: int = 8_000_000) -> Corpus:
     """Read a corpus. ``path=None``: the standard library's .py files (excluding tests and site-packages)."""
     if path is None:
         root = stdlib_root()
-        files = [p for p in _collect(root, {".py"}) if "test" not in p.relative_to(root).parts[0]]
+        files = (p for p in _walk(root, {".py"}) if "test" not in p.relative_to(root).parts[0])
         source = f"python-stdlib:{root}"
     else:
         root = Path(path)
         if not root.exists():
             raise DataError(f"--data {path}: no such file or folder")
-        files = [root] if root.is_file() else _collect(root, TEXT_SUFFIXES)
+        files = [root] if root.is_file() else _walk(root, TEXT_SUFFIXES)
         source = str(root)
     train, val, used, total = [], [], 0, 0
     for f in files:

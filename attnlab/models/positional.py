@@ -20,7 +20,9 @@ from attnlab.errors import ConfigError
 class Positional(nn.Module):
     """No positional information (the base behaviour of every hook)."""
 
-    alibi_slopes: torch.Tensor | None = None
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("alibi_slopes", None, persistent=False)  # set by Alibi only
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x
@@ -105,7 +107,7 @@ class Alibi(Positional):
 
     def __init__(self, n_heads: int):
         super().__init__()
-        self.register_buffer("alibi_slopes", alibi_slopes(n_heads), persistent=False)
+        self.alibi_slopes = alibi_slopes(n_heads)
 
 
 POSITIONAL = {"none": Positional, "sinusoidal": Sinusoidal, "learned": Learned, "rope": Rope, "alibi": Alibi}

@@ -1,0 +1,64 @@
+"""Shared measuring helpers for benchmarks (see ../shared/MEASURING.md): context, calibration, medians."""
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
+    """Best-of fp32 matmul FLOP/s on this machine, now (the 'peak' our figures are shares of)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = 0.0
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = max(best, 2 * n ** 3 / (time.perf_counter() - t))
+    return best
+
+
+def memory_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
+    """Best-of read bandwidth (bytes/s) of a large fp32 sum."""
+    x = torch.ones(n_bytes // 4)
+    x.sum()
+    best = 0.0
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x.sum()
+        best = max(best, n_bytes / (time.perf_counter() - t))
+    return best
+
+
+def context(seed: int = 0, dtype: str = "fp32") -> dict:
+    return {"cpu": cpu_name(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "python": sys.version.split()[0],
+            "dtype": dtype, "seed": seed, "command": " ".join(sys.argv),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def summarize(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def write_json(path: str | Path, data: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path

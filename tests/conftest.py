@@ -1,0 +1,26 @@
+"""Shared test settings: tiny configs, two threads, no denormals (MEASURING.md)."""
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(2)
+torch.set_flush_denormal(True)
+os.environ.setdefault("HYPOTHESIS_PROFILE", "default")
+
+from attnlab.config import ModelConfig  # noqa: E402
+
+FAMILIES = ["transformer", "rnn", "lstm", "gru"]
+KERNELS = ["naive", "sdpa"]
+POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi"]
+
+
+def tiny(**kw) -> ModelConfig:
+    base = dict(vocab_size=37, dim=32, n_layers=2, n_heads=4, max_seq_len=64)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
