@@ -2,12 +2,13 @@
 
 Every kernel has one signature (HF-transformers style: the eager reference beside the fast ones):
 
-    kernel(q, k, v, *, q_offset, causal, alibi_slopes, scale) -> out
+    kernel(q, k, v, *, q_offset, causal, alibi_slopes, scale, kv_start=None) -> out
     q (B, H, T, D); k, v (B, Hkv, S, D) with H % Hkv == 0; out (B, H, T, D)
 
-Query i sits at absolute position q_offset + i and keys at 0..S-1, so the same kernel serves a full
-pass (q_offset=0, T=S), prefill after a cached prefix, and decode (T=1). ``naive`` materialises the
-T x S score matrix and is the reference every other kernel is tested against.
+Query i sits in slot q_offset + i and keys in slots 0..S-1, so the same kernel serves a full pass
+(q_offset=0, T=S), prefill after a cached prefix, and decode (T=1). ``kv_start`` (B,) marks left
+padding: sequence b's keys before slot kv_start[b] are invisible. ``naive`` materialises the T x S
+score matrix and is the reference every other kernel is tested against.
 """
 from __future__ import annotations
 
@@ -33,6 +34,21 @@ def causal_mask(T: int, S: int, q_offset: int, device) -> torch.Tensor:
     return torch.arange(S, device=device)[None, :] <= q_pos[:, None]
 
 
+def build_mask(T: int, S: int, q_offset: int, causal: bool, kv_start, device):
+    """None (everything visible), (T, S) or, with padding, (B, 1, T, S) bool; True = visible.
+
+    A padded query slot would see no key at all (and softmax would give NaN), so each slot always sees
+    itself; those rows' outputs are never used."""
+    mask = causal_mask(T, S, q_offset, device) if causal else None
+    if kv_start is None:
+        return mask
+    keys = torch.arange(S, device=device)
+    visible = keys[None, :] >= kv_start[:, None]  # (B, S)
+    own = keys[None, :] == torch.arange(q_offset, q_offset + T, device=device)[:, None]  # (T, S)
+    visible = visible[:, None, None, :] | own[None, None]  # (B, 1, T, S)
+    return visible if mask is None else visible & mask
+
+
 def alibi_bias(slopes: torch.Tensor, T: int, S: int, q_offset: int, device) -> torch.Tensor:
     """(H, T, S) additive bias -slope_h * (i - j): linear in distance, zero on the diagonal."""
     q_pos = torch.arange(q_offset, q_offset + T, device=device)
@@ -41,7 +57,7 @@ def alibi_bias(slopes: torch.Tensor, T: int, S: int, q_offset: int, device) -> t
 
 
 @register_kernel("naive")
-def naive_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale: float):
+def naive_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale: float, kv_start=None):
     """softmax(q k^T * scale + bias) v, with the T x S matrix explicit. Work O(T*S*D), memory O(T*S)."""
     B, H, T, D = q.shape
     S = k.shape[-2]
@@ -51,21 +67,23 @@ def naive_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale
     scores = (q @ k.transpose(-2, -1)).float() * scale  # (B, H, T, S)
     if alibi_slopes is not None:
         scores = scores + alibi_bias(alibi_slopes, T, S, q_offset, q.device)
-    if causal:
-        scores = scores.masked_fill(~causal_mask(T, S, q_offset, q.device), float("-inf"))
+    mask = build_mask(T, S, q_offset, causal, kv_start, q.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     return probs @ v  # (B, H, T, D)
 
 
 @register_kernel("sdpa")
-def sdpa_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale: float):
+def sdpa_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale: float, kv_start=None):
     """torch.nn.functional.scaled_dot_product_attention (fused flash/memory-efficient kernels where possible)."""
     T, S = q.shape[-2], k.shape[-2]
     mask, is_causal = None, False
-    if alibi_slopes is not None:
-        mask = alibi_bias(alibi_slopes, T, S, q_offset, q.device).to(q.dtype)
-        if causal:
-            mask = mask.masked_fill(~causal_mask(T, S, q_offset, q.device), float("-inf"))
+    if alibi_slopes is not None or kv_start is not None:
+        mask = build_mask(T, S, q_offset, causal, kv_start, q.device)
+        if alibi_slopes is not None:
+            bias = alibi_bias(alibi_slopes, T, S, q_offset, q.device).to(q.dtype)
+            mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     elif causal and T > 1:  # T == 1 at the end of the keys sees every key: no mask needed
         if T == S and q_offset == 0:
             is_causal = True  # sdpa's own causal mask is top-left aligned: right only when T == S
@@ -97,11 +115,13 @@ class Attention(nn.Module):
         k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, Hkv, D).transpose(1, 2)
         q, k = pos_enc.rotate(q, k, positions)
-        q_offset = 0
+        q_offset, kv_start = 0, None
         if cache is not None:
-            q_offset = cache.pos
+            q_offset, kv_start = cache.pos, cache.pad
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, pos + T, D) views of the cache
+            if k.dtype != q.dtype:  # a cache kept at another dtype (e.g. bf16 under fp32 weights)
+                k, v = k.to(q.dtype), v.to(q.dtype)
         out = self.kernel(q, k, v, q_offset=q_offset, causal=self.causal,
-                          alibi_slopes=pos_enc.alibi_slopes, scale=self.scale)
+                          alibi_slopes=pos_enc.alibi_slopes, scale=self.scale, kv_start=kv_start)
         out = out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
         return self.wo(out)

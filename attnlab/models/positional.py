@@ -39,8 +39,8 @@ class Sinusoidal(Positional):
         self.register_buffer("inv_freq", 10000.0 ** (-torch.arange(0, dim, 2).float() / dim), persistent=False)
 
     def embed(self, x, positions):
-        angles = positions.float()[:, None] * self.inv_freq[None, :]  # (T, dim/2)
-        pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (T, dim) interleaved sin, cos
+        angles = positions.float()[..., None] * self.inv_freq  # (T, dim/2) or (B, T, dim/2)
+        pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (..., T, dim) interleaved sin, cos
         return x + pe.to(x.dtype)
 
 
@@ -53,7 +53,7 @@ class Learned(Positional):
 
     def embed(self, x, positions):
         size = self.table.num_embeddings
-        last = int(positions[-1])
+        last = int(positions.max())
         if last >= size:
             raise ConfigError(
                 f"position {last} is beyond the learned positional table's size max_seq_len={size}; "
@@ -75,12 +75,15 @@ class Rope(Positional):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
-        angles = (positions.float() / self.scale)[:, None] * self.inv_freq[None, :]  # (T, D/2)
-        angles = torch.cat((angles, angles), dim=-1)  # (T, D)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        angles = (positions.float() / self.scale)[..., None] * self.inv_freq  # (T, D/2) or (B, T, D/2)
+        angles = torch.cat((angles, angles), dim=-1)  # (..., T, D)
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        if cos.dim() == 3:  # per-sequence positions (B, T, D) -> (B, 1, T, D) to broadcast over heads
+            cos, sin = cos[:, None], sin[:, None]
+        return cos, sin
 
     def rotate(self, q, k, positions):
-        cos, sin = self.cos_sin(positions, q.dtype)  # each (T, D), broadcast over (B, H, T, D)
+        cos, sin = self.cos_sin(positions, q.dtype)  # broadcast over (B, H, T, D)
         return _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
 
 

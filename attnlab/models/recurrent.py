@@ -67,10 +67,14 @@ class RecurrentLM(nn.Module):
             state_in = self.new_state(B)
         else:
             state_in = state
-        if self.cfg.fused:
+        hold = None  # (B, T) True on left-padding slots, where the state must not change
+        if state is not None and state.pad is not None and state.pos < int(state.pad.max()):
+            slots = torch.arange(state.pos, state.pos + T, device=tokens.device)
+            hold = slots[None, :] < state.pad[:, None]
+        if self.cfg.fused and hold is None:  # the fused kernel cannot skip padding slots: loop then
             x, h, c = self._fused(x, state_in)
         else:
-            x, h, c = self._loop(x, state_in)
+            x, h, c = self._loop(x, state_in, hold)
         if state is not None:
             state.h.copy_(h)
             if c is not None:
@@ -85,7 +89,7 @@ class RecurrentLM(nn.Module):
             return out, hn[0], hn[1]
         return out, hn, None
 
-    def _loop(self, x, state):
+    def _loop(self, x, state, hold=None):
         """Layer by layer, T dependent steps each: the sequential depth this family is known for."""
         hs, cs = [], []
         drop = self.rnn.dropout if self.training else 0.0
@@ -97,12 +101,17 @@ class RecurrentLM(nn.Module):
             c = state.c[layer] if self.kind == "lstm" else None
             outs = []
             for t in range(x.shape[1]):  # the chain: step t cannot start before step t-1 ends
+                h_prev, c_prev = h, c
                 if self.kind == "lstm":
                     h, c = lstm_step(xw[:, t], h, c, w_hh, b_hh)
                 elif self.kind == "gru":
                     h = gru_step(xw[:, t], h, w_hh, b_hh)
                 else:
                     h = rnn_step(xw[:, t], h, w_hh, b_hh)
+                if hold is not None:
+                    keep = hold[:, t, None]
+                    h = torch.where(keep, h_prev, h)
+                    c = torch.where(keep, c_prev, c) if c is not None else None
                 outs.append(h)
             x = torch.stack(outs, dim=1)  # (B, T, dim)
             if drop and layer < self.cfg.n_layers - 1:

@@ -21,6 +21,7 @@ class KVCache:
     k: list[torch.Tensor]
     v: list[torch.Tensor]
     pos: int = 0
+    pad: torch.Tensor | None = None  # (B,) left-padding slots per sequence; None = no padding
 
     @classmethod
     def allocate(cls, n_layers, batch_size, n_kv_heads, max_len, head_dim, dtype=torch.float32, device="cpu"):
@@ -64,8 +65,22 @@ class KVCache:
     def advance(self, n: int) -> None:
         self.pos += n
 
+    def positions(self, T: int, device) -> torch.Tensor:
+        """Positions of the next T tokens: (T,) slots, or (B, T) counted from each sequence's first real token."""
+        slots = torch.arange(self.pos, self.pos + T, device=device)
+        if self.pad is None:
+            return slots
+        return (slots[None, :] - self.pad[:, None]).clamp(min=0)
+
+    def rollback(self, pos: int) -> None:
+        """Forget everything from slot ``pos`` on (speculative rejection, prefix reuse): later writes overwrite."""
+        if not 0 <= pos <= self.pos:
+            raise AttnlabError(f"cannot roll a KV cache at {self.pos} back to {pos}")
+        self.pos = pos
+
     def reset(self) -> None:
         self.pos = 0
+        self.pad = None
 
 
 @dataclass
@@ -75,6 +90,7 @@ class RecurrentState:
     h: torch.Tensor
     c: torch.Tensor | None = None
     pos: int = 0
+    pad: torch.Tensor | None = None  # (B,) left-padding slots: the state does not change on them
 
     @property
     def nbytes(self) -> int:
@@ -91,8 +107,23 @@ class RecurrentState:
     def advance(self, n: int) -> None:
         self.pos += n
 
+    def rollback(self, pos: int) -> None:
+        """A recurrent state cannot forget: it only rolls back to where it already is (or to 0)."""
+        if pos == self.pos:
+            return
+        if pos == 0:
+            self.reset()
+            return
+        raise AttnlabError(f"a recurrent state at position {self.pos} cannot roll back to {pos}: it keeps no "
+                           "history; snapshot it with clone() before the tokens you may want to undo")
+
+    def clone(self) -> "RecurrentState":
+        return RecurrentState(h=self.h.clone(), c=None if self.c is None else self.c.clone(), pos=self.pos,
+                              pad=self.pad)
+
     def reset(self) -> None:
         self.pos = 0
+        self.pad = None
         self.h.zero_()
         if self.c is not None:
             self.c.zero_()

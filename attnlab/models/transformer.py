@@ -66,8 +66,7 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, state: KVCache | None = None):
         B, T = _check_tokens(tokens)
-        start = 0 if state is None else state.pos
-        positions = torch.arange(start, start + T, device=tokens.device)
+        positions = torch.arange(T, device=tokens.device) if state is None else state.positions(T, tokens.device)
         x = self.dropout(self.pos_enc.embed(self.tok_emb(tokens), positions))  # (B, T, dim)
         for block in self.blocks:
             x = block(x, positions, self.pos_enc, state)
