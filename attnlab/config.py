@@ -53,6 +53,7 @@ class ModelConfig:
     causal: bool = True
     max_seq_len: int = 1024
     rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # {"type": linear|dynamic|ntk|llama3, "factor": f, ...} (see positional.py)
     tie_embeddings: bool = True
     bias: bool = False
     dropout: float = 0.0
@@ -86,6 +87,13 @@ class ModelConfig:
         _positive("head_dim", self.head_dim)
         if self.pos == "rope" and self.head_dim % 2:
             raise ConfigError(f"pos='rope' needs an even head_dim, got {self.head_dim}")
+        if self.rope_scaling is not None:
+            from attnlab.models.positional import ROPE_SCALINGS
+
+            if not isinstance(self.rope_scaling, dict) or self.rope_scaling.get("type") not in ROPE_SCALINGS:
+                raise ConfigError(f"rope_scaling={self.rope_scaling!r} needs a 'type' among {', '.join(ROPE_SCALINGS)}")
+            if not float(self.rope_scaling.get("factor", 0)) > 0:
+                raise ConfigError(f"rope_scaling factor must be > 0, got {self.rope_scaling.get('factor')!r}")
         if self.pos == "sinusoidal" and self.dim % 2:
             raise ConfigError(f"pos='sinusoidal' needs an even dim, got {self.dim}")
         if self.hidden_dim is None:

@@ -1,4 +1,8 @@
-"""Inference over the model contract: prefill (one parallel pass) then decode (one token per step)."""
-from attnlab.engine.generate import GenerateResult, generate
+"""Inference over the model contract: prefill (one parallel pass), decode (one token per step),
+sampling, streaming, prefix reuse, speculative decoding and weight quantization."""
+from attnlab.engine.generate import (Completion, GenerationOutput, GenerationStats, decode_one_token, generate,
+                                     prefill)
+from attnlab.engine.sampling import SamplingParams
 
-__all__ = ["GenerateResult", "generate"]
+__all__ = ["Completion", "GenerationOutput", "GenerationStats", "SamplingParams", "decode_one_token", "generate",
+           "prefill"]

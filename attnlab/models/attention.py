@@ -78,6 +78,12 @@ def naive_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale
 def sdpa_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale: float, kv_start=None):
     """torch.nn.functional.scaled_dot_product_attention (fused flash/memory-efficient kernels where possible)."""
     T, S = q.shape[-2], k.shape[-2]
+    if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and T <= 16:
+        # Decode-sized queries in bf16 run ~3x slower on CPU than upcasting to fp32 first (measured here:
+        # 340 vs 117 us at 12 heads x 512 keys); the result is cast back.
+        out = sdpa_attention(q.float(), k.float(), v.float(), q_offset=q_offset, causal=causal,
+                             alibi_slopes=alibi_slopes, scale=scale, kv_start=kv_start)
+        return out.to(q.dtype)
     mask, is_causal = None, False
     if alibi_slopes is not None or kv_start is not None:
         mask = build_mask(T, S, q_offset, causal, kv_start, q.device)

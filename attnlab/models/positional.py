@@ -61,21 +61,58 @@ class Learned(Positional):
         return x + self.table(positions)
 
 
+ROPE_SCALINGS = ("linear", "dynamic", "ntk", "llama3")
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None, seq_len: int | None = None):
+    """Inverse frequencies theta^(-2i/D), i < D/2, optionally rescaled for longer contexts:
+
+    - linear (position interpolation, arXiv 2306.15595): every frequency / factor;
+    - ntk (NTK-aware, static): theta * factor^(D/(D-2));
+    - dynamic (NTK, as HF transformers): theta * (factor*L/L0 - (factor-1))^(D/(D-2)) once L > L0;
+    - llama3 (Meta, Llama 3.1): low frequencies / factor, high kept, the band between interpolated.
+    """
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    kind = (scaling or {}).get("type")
+    factor = float((scaling or {}).get("factor", 1.0))
+    if kind == "ntk":
+        theta = theta * factor ** (head_dim / (head_dim - 2))
+    elif kind == "dynamic":
+        original = int(scaling["original_max_position_embeddings"])
+        length = max(seq_len or original, original)
+        theta = theta * ((factor * length / original) - (factor - 1)) ** (head_dim / (head_dim - 2))
+    inv_freq = 1.0 / theta ** exponents
+    if kind == "linear":
+        inv_freq = inv_freq / factor
+    elif kind == "llama3":
+        low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+        original = float(scaling.get("original_max_position_embeddings", 8192))
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+        smooth = (original / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < original / high) & ~(wavelen > original / low)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
 class Rope(Positional):
     """Rotary embedding, rotate-half layout (as Llama in HF transformers).
 
     Query/key pairs (x_i, x_{i+D/2}) rotate by angle p * theta^(-2i/D), so q.k depends on p_q - p_k only.
-    ``scale`` > 1 is linear position interpolation (arXiv 2306.15595): positions are divided by it.
+    ``scaling`` rescales the frequencies for contexts beyond the trained length (see rope_inv_freq).
     """
 
-    def __init__(self, head_dim: int, theta: float = 10000.0, scale: float = 1.0):
+    def __init__(self, head_dim: int, theta: float = 10000.0, scaling: dict | None = None):
         super().__init__()
-        self.scale = scale
-        inv_freq = theta ** (-torch.arange(0, head_dim, 2).float() / head_dim)  # (D/2,)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim, self.theta, self.scaling = head_dim, theta, scaling
+        self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
-        angles = (positions.float() / self.scale)[..., None] * self.inv_freq  # (T, D/2) or (B, T, D/2)
+        inv_freq = self.inv_freq
+        if self.scaling and self.scaling.get("type") == "dynamic":
+            inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling, int(positions.max()) + 1).to(inv_freq)
+        angles = positions.float()[..., None] * inv_freq  # (T, D/2) or (B, T, D/2)
         angles = torch.cat((angles, angles), dim=-1)  # (..., T, D)
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
         if cos.dim() == 3:  # per-sequence positions (B, T, D) -> (B, 1, T, D) to broadcast over heads
@@ -122,7 +159,7 @@ def build_positional(cfg) -> Positional:
     if cfg.pos == "learned":
         return Learned(cfg.dim, cfg.max_seq_len)
     if cfg.pos == "rope":
-        return Rope(cfg.head_dim, cfg.rope_theta)
+        return Rope(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     if cfg.pos == "alibi":
         return Alibi(cfg.n_heads)
     return Positional()

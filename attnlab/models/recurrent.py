@@ -60,7 +60,7 @@ class RecurrentLM(nn.Module):
         return RecurrentState(h=torch.zeros(shape, **kw),
                               c=torch.zeros(shape, **kw) if self.kind == "lstm" else None)
 
-    def forward(self, tokens: torch.Tensor, state: RecurrentState | None = None):
+    def forward(self, tokens: torch.Tensor, state: RecurrentState | None = None, last_only: bool = False):
         B, T = _check_tokens(tokens)
         x = self.tok_emb(tokens)  # (B, T, dim)
         if state is None:
@@ -80,6 +80,8 @@ class RecurrentLM(nn.Module):
             if c is not None:
                 state.c.copy_(c)
             state.advance(T)
+        if last_only:
+            x = x[:, -1:]
         return self.head(self.norm(x)), state
 
     def _fused(self, x, state):

@@ -26,8 +26,9 @@ class KVCache:
     @classmethod
     def allocate(cls, n_layers, batch_size, n_kv_heads, max_len, head_dim, dtype=torch.float32, device="cpu"):
         shape = (batch_size, n_kv_heads, max_len, head_dim)
-        return cls(k=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
-                   v=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)])
+        # empty, not zeros: slots are always written before they are read (reads stop at pos)
+        return cls(k=[torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+                   v=[torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)])
 
     @property
     def max_len(self) -> int:

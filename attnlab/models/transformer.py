@@ -64,12 +64,15 @@ class Transformer(nn.Module):
         return KVCache.allocate(cfg.n_layers, batch_size, cfg.n_kv_heads, max_len or cfg.max_seq_len,
                                 cfg.head_dim, dtype=dtype or ref.dtype, device=device or ref.device)
 
-    def forward(self, tokens: torch.Tensor, state: KVCache | None = None):
+    def forward(self, tokens: torch.Tensor, state: KVCache | None = None, last_only: bool = False):
+        """tokens (B, T) -> logits (B, T, V), or (B, 1, V) with last_only (prefill needs no more)."""
         B, T = _check_tokens(tokens)
         positions = torch.arange(T, device=tokens.device) if state is None else state.positions(T, tokens.device)
         x = self.dropout(self.pos_enc.embed(self.tok_emb(tokens), positions))  # (B, T, dim)
         for block in self.blocks:
             x = block(x, positions, self.pos_enc, state)
+        if last_only:
+            x = x[:, -1:]
         logits = self.head(self.norm(x))  # (B, T, V)
         if state is not None:
             state.advance(T)
