@@ -85,31 +85,82 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _load_for_generation(path: str):
-    from attnlab.checkpoint import load_checkpoint
-    from attnlab.data.tokenizers import load_tokenizer
+def _read_prompt(args) -> str:
+    if args.prompt is not None:
+        text = args.prompt
+        try:
+            text.encode("utf-8")  # argv bytes that are not UTF-8 arrive as lone surrogates
+        except UnicodeEncodeError:
+            raise AttnlabError("--prompt is not valid UTF-8 text; fix the terminal's encoding or pipe the text "
+                               "through standard input as UTF-8") from None
+        return text
+    raw = sys.stdin.buffer.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise AttnlabError(f"standard input is not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
+                           "convert it to UTF-8 first") from None
 
-    model, run_cfg = load_checkpoint(path)
-    return model, run_cfg, load_tokenizer(run_cfg.tokenizer, path)
+
+def _cache_dtype(name: str | None):
+    import torch
+
+    return None if name is None else {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
 
 
 def cmd_generate(args) -> int:
-    from attnlab.engine import generate
+    from attnlab.engine import SamplingParams, generate
+    from attnlab.engine.quantize import set_precision
+    from attnlab.engine.speculative import speculative_generate
+    from attnlab.loading import load_any
 
     _set_threads(args.threads)
-    prompt = args.prompt if args.prompt is not None else sys.stdin.buffer.read()
-    model, _, tok = _load_for_generation(args.checkpoint)
-    ids = tok.encode(prompt if isinstance(prompt, bytes) else prompt.encode("utf-8", errors="surrogateescape"))
-    res = generate(model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
-    text = tok.decode_text(res.tokens)
-    if args.json:
-        print(json.dumps({"text": text, "tokens": res.tokens, "ttft_s": res.ttft_s, "tpot_s": res.tpot_s,
-                          "prefill_tok_per_s": res.prefill_tok_per_s, "decode_tok_per_s": res.decode_tok_per_s,
-                          "cache_bytes": res.state_bytes}))
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            repetition_penalty=args.repetition_penalty, seed=args.seed)
+    if args.draft and args.prompt_lookup:
+        raise AttnlabError("choose one proposer: --draft DRAFT or --prompt-lookup, not both")
+    if (args.draft or args.prompt_lookup) and (args.no_cache or args.stream):
+        raise AttnlabError("speculative decoding needs the KV cache and returns whole rounds: drop --no-cache/--stream")
+    prompt = _read_prompt(args)
+    target = load_any(args.checkpoint)
+    if target.tokenizer is None:
+        raise AttnlabError(f"{args.checkpoint} has no tokenizer.json, so text cannot be encoded; add one")
+    model = set_precision(target.model, args.dtype)
+    ids = target.tokenizer.encode(prompt)
+    stop_tokens = target.stop_tokens if not args.ignore_eos else []
+    common = dict(stop_tokens=stop_tokens, stop_strings=args.stop or (), tokenizer=target.tokenizer,
+                  truncate=args.truncate)
+    if args.draft or args.prompt_lookup:
+        draft = set_precision(load_any(args.draft).model, args.dtype) if args.draft else None
+        out = speculative_generate(model, ids, args.max_new_tokens, k=args.k, draft=draft,
+                                   prompt_lookup=args.prompt_lookup, params=params, **common)
+    elif args.stream:
+        from attnlab.engine.engine import Engine
+
+        cache_dtype = _cache_dtype(args.cache_dtype)
+        out = None
+        for event in Engine(model, target.tokenizer, cache_dtype=cache_dtype).stream(
+                ids, args.max_new_tokens, params, stop_tokens, args.stop or (), args.truncate):
+            if not args.json:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            out = event.output or out
+        if not args.json:
+            sys.stdout.write("\n")
     else:
-        print(text)
-        print(f"[ttft {res.ttft_s * 1e3:.1f} ms, {res.decode_tok_per_s:.1f} tok/s decode, "
-              f"state {res.state_bytes:,} bytes]", file=sys.stderr)
+        cache_dtype = _cache_dtype(args.cache_dtype)
+        out = generate(model, ids, args.max_new_tokens, params, use_cache=not args.no_cache, cache_dtype=cache_dtype,
+                       **common)
+    comp, st = out.completions[0], out.stats
+    if args.json:
+        print(json.dumps({"text": comp.text, "tokens": comp.tokens, "logprobs": comp.logprobs,
+                          "finish_reason": comp.finish_reason, **st.to_dict(), "dtype": args.dtype}))
+    else:
+        if not args.stream:
+            print(comp.text)
+        extra = f", accepted {st.accepted:.0%} of drafts" if st.accepted is not None else ""
+        print(f"[{st.prompt_tokens} prompt tokens; ttft {st.ttft_s * 1e3:.1f} ms; {st.decode_tok_per_s:.1f} tok/s decode; "
+              f"cache {st.state_bytes:,} bytes{extra}]", file=sys.stderr)
     return 0
 
 
@@ -163,7 +214,8 @@ def cmd_info(args) -> int:
 def cmd_demo(args) -> int:
     """The README's main job for now: train the default transformer on the embedded corpus, then sample."""
     from attnlab.config import TrainConfig, preset
-    from attnlab.engine import generate
+    from attnlab.engine import SamplingParams, generate
+    from attnlab.loading import load_any
     from attnlab.train import train
 
     _set_threads(args.threads)
@@ -173,17 +225,19 @@ def cmd_demo(args) -> int:
     print(f"attnlab demo: training the default transformer on the embedded corpus (Python's stdlib sources), "
           f"{args.steps} steps", flush=True)
     summary = train(preset("default"), tcfg, args.out, overwrite=True, progress=not args.quiet)
-    model, _, tok = _load_for_generation(args.out)
+    loaded = load_any(args.out)
     prompt = "def "
-    res = generate(model, tok.encode(prompt), 200, temperature=0.8, top_k=40, seed=args.seed)
+    out = generate(loaded.model, loaded.tokenizer.encode(prompt), 200,
+                   SamplingParams(temperature=0.8, top_k=40, seed=args.seed), tokenizer=loaded.tokenizer)
+    res = out.stats
     wall = time.perf_counter() - t0
     print(f"\nmodel: {summary['params']:,} params; trained in {summary['train_s']:.1f} s at "
           f"{summary['tok_per_s']:,.0f} tokens/s; held-out loss {summary['val_loss']:.3f} "
           f"(perplexity {summary['val_ppl']:.2f} per byte)")
-    print(f"sample ({res.prompt_tokens}-token prompt, {len(res.tokens)} new tokens): time-to-first-token "
+    print(f"sample ({res.prompt_tokens}-token prompt, {res.new_tokens} new tokens): time-to-first-token "
           f"{res.ttft_s * 1e3:.1f} ms, {res.decode_tok_per_s:.0f} tokens/s decode, KV cache {res.state_bytes:,} bytes")
     print("-" * 60)
-    print(prompt + tok.decode_text(res.tokens))
+    print(prompt + out.completions[0].text)
     print("-" * 60)
     print(f"total wall time {wall:.1f} s; checkpoint in {args.out}")
     return 0
@@ -224,13 +278,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("generate", help="continue a prompt with a trained checkpoint")
-    p.add_argument("checkpoint")
+    p = sub.add_parser("generate", help="continue a prompt with an attnlab checkpoint or a Hugging Face folder")
+    p.add_argument("checkpoint", help="attnlab checkpoint folder or Hugging Face model folder (GPT-2, Llama)")
     p.add_argument("--prompt", help="text (default: read standard input)")
     p.add_argument("--max-new-tokens", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
+    p.add_argument("--stream", action="store_true", help="print text as tokens are chosen")
+    p.add_argument("--draft", help="draft model folder for speculative decoding")
+    p.add_argument("--prompt-lookup", action="store_true", help="speculative decoding with n-gram prompt lookup")
+    p.add_argument("--k", type=int, default=4, help="draft tokens per speculative round")
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix for every token")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "int8"),
+                   help="weights: fp32, bf16, or int8 weight-only (bf16 activations)")
+    p.add_argument("--cache-dtype", choices=("fp32", "bf16"), help="KV cache dtype (default: the weights')")
+    p.add_argument("--truncate", choices=("left",), help="drop the prompt's first tokens if it is too long")
     p.add_argument("--threads", type=int)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_generate)

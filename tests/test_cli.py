@@ -72,3 +72,72 @@ def test_empty_prompt_and_empty_corpus(trained, tmp_path):
     (tmp_path / "empty").mkdir()
     r = run("train", "--data", str(tmp_path / "empty"), "--out", str(tmp_path / "o"), "--steps", "1")
     assert r.returncode == 2 and "empty or too small" in r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--max-new-tokens", "0"], "max_new_tokens=0 must be > 0"),
+    (["--max-new-tokens", "5000"], "max_new_tokens=5000 leaves no room"),
+    (["--temperature", "-0.5"], "temperature=-0.5 must be >= 0"),
+    (["--top-p", "0"], "top_p=0.0 must be in (0, 1]"),
+    (["--top-k", "-1"], "top_k=-1 must be >= 0"),
+])
+def test_generate_bad_sampling_flags(trained, args, needle):
+    out, _ = trained
+    r = run("generate", str(out), "--prompt", "x", *args)
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+
+
+def test_generate_prompt_too_long_and_truncate(trained):
+    out, _ = trained  # the tiny preset's context is 256 tokens
+    r = run("generate", str(out), "--prompt", "a" * 300, "--max-new-tokens", "4")
+    assert r.returncode == 2 and "prompt of 300 tokens + max_new_tokens 4 exceeds the model's context of 256" in r.stderr
+    r = run("generate", str(out), "--prompt", "a" * 300, "--max-new-tokens", "4", "--truncate", "left", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["prompt_tokens"] == 252
+
+
+def test_generate_invalid_utf8_stdin(trained):
+    out, _ = trained
+    r = subprocess.run([sys.executable, "-m", "attnlab", "generate", str(out)], input=b"ok \xff\xfe",
+                       capture_output=True, timeout=120)
+    assert r.returncode == 2 and b"not valid UTF-8" in r.stderr
+
+
+def test_generate_modes_agree(trained):
+    out, _ = trained
+    base = ["generate", str(out), "--prompt", "def main():", "--max-new-tokens", "12", "--json"]
+    plain = json.loads(run(*base).stdout)
+    for extra in (["--no-cache"], ["--prompt-lookup", "--k", "3"], ["--draft", str(out)]):
+        r = run(*base, *extra)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["tokens"] == plain["tokens"], extra
+    r = run(*base[:-1], "--stream")
+    assert r.returncode == 0 and r.stdout.rstrip("\n") == plain["text"].rstrip("\n")
+    for dtype in ("bf16", "int8"):
+        r = run(*base, "--dtype", dtype)
+        assert r.returncode == 0 and len(json.loads(r.stdout)["tokens"]) == 12, r.stderr
+
+
+def test_generate_draft_with_other_vocabulary(trained, tmp_path):
+    out, _ = trained
+    r = run("train", "--preset", "tiny", "--task", "copy", "--synth-vocab", "20", "--steps", "2", "--batch-size", "2",
+            "--seq-len", "16", "--out", str(tmp_path / "d"), "--quiet")
+    assert r.returncode == 0, r.stderr
+    r = run("generate", str(out), "--prompt", "x", "--draft", str(tmp_path / "d"))
+    assert r.returncode == 2 and "draft's vocabulary (20) differs from the target's (256)" in r.stderr
+
+
+def test_generate_from_a_hugging_face_folder(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50,
+                                                              n_positions=64))
+    hf.save_pretrained(tmp_path)
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(50)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    r = run("generate", str(tmp_path), "--prompt", "w1 w2 w3", "--max-new-tokens", "5", "--ignore-eos", "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) == 5

@@ -208,8 +208,8 @@ def generate(model, prompts: Sequence[Sequence[int]] | Sequence[int], max_new_to
              use_cache: bool = True, cache_dtype=None, truncate: str | None = None) -> GenerationOutput:
     """Generate for one prompt (a list of ids) or a batch (a list of lists). Returns completions + timings."""
     params = params or SamplingParams()
-    if prompts and isinstance(prompts[0], int):
-        prompts = [prompts]
+    if not prompts or isinstance(prompts[0], int):  # one prompt given as a flat list of ids
+        prompts = [list(prompts)]
     prompts = check_request(model, prompts, max_new_tokens, truncate)
     stopper = StopChecker(stop_tokens, stop_strings, tokenizer)
     B = len(prompts)

@@ -1,0 +1,173 @@
+"""The inference engine: batching, caching, sampling, stopping, streaming, prefix reuse, precision."""
+import pytest
+import torch
+
+from attnlab.data.tokenizers import ByteTokenizer
+from attnlab.engine import SamplingParams, generate
+from attnlab.engine.engine import Engine
+from attnlab.engine.quantize import DenseLinear, Int8Linear, set_precision
+from attnlab.errors import AttnlabError
+from attnlab.models import build_model
+from conftest import FAMILIES, tiny
+
+
+def lively(**kw):
+    """A random model whose greedy output is not just 'repeat the last token' (untied, larger init)."""
+    return build_model(tiny(tie_embeddings=False, init_std=0.2, **kw)).eval()
+
+
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13]]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padded_batch_equals_one_by_one(family):
+    model = lively(family=family)
+    batch = generate(model, PROMPTS, 8)
+    for prompt, comp in zip(PROMPTS, batch.completions):
+        assert comp.tokens == generate(model, prompt, 8).tokens
+
+
+@pytest.mark.parametrize("kw", [dict(pos="learned"), dict(pos="sinusoidal"), dict(pos="alibi", kernel="naive"),
+                                dict(n_kv_heads=2, mlp="swiglu", norm="rmsnorm")])
+def test_padding_is_masked_for_every_encoding(kw):
+    model = lively(**kw)
+    batch = generate(model, PROMPTS, 6)
+    assert [c.tokens for c in batch.completions] == [generate(model, p, 6).tokens for p in PROMPTS]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cached_decode_equals_full_recompute(family):
+    model = lively(family=family)
+    cached, fresh = generate(model, PROMPTS, 10), generate(model, PROMPTS, 10, use_cache=False)
+    assert [c.tokens for c in cached.completions] == [c.tokens for c in fresh.completions]
+    for a, b in zip(cached.completions, fresh.completions):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_logprobs_are_the_models_own():
+    model = lively()
+    out = generate(model, [3, 4, 5], 5)
+    seq = torch.tensor([[3, 4, 5] + out.tokens])
+    logp = torch.log_softmax(model(seq)[0][0], -1).detach()
+    expected = [float(logp[2 + i, t]) for i, t in enumerate(out.tokens)]
+    assert out.completions[0].logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_bf16_cache_stays_close_to_fp32():
+    model = lively()
+    a = generate(model, [1, 2, 3], 6)
+    b = generate(model, [1, 2, 3], 6, cache_dtype=torch.bfloat16)
+    assert b.stats.state_bytes * 2 == a.stats.state_bytes
+    assert sum(x == y for x, y in zip(a.tokens, b.tokens)) >= 4
+
+
+def test_stop_token():
+    model = lively(vocab_size=256)
+    base = generate(model, [65, 66, 67], 12).tokens
+    stopped = generate(model, [65, 66, 67], 12, stop_tokens=[base[3]])
+    assert stopped.tokens == base[:base.index(base[3]) + 1] and stopped.completions[0].finish_reason == "stop"
+    assert generate(model, [65, 66, 67], 12).completions[0].finish_reason == "length"
+
+
+def test_stop_string_is_cut_from_the_text():
+    model = lively(vocab_size=256)
+    tok = ByteTokenizer()
+    base = generate(model, list(b"hello"), 30).tokens
+    # the first pair of consecutive ASCII bytes that has not appeared before becomes the stop string
+    i = next(i for i in range(1, len(base) - 1) if base[i] < 128 and base[i + 1] < 128
+             and bytes(base[i:i + 2]) not in bytes(base[:i + 1]))
+    stop = bytes(base[i:i + 2]).decode()
+    out = generate(model, list(b"hello"), 30, stop_strings=[stop], tokenizer=tok).completions[0]
+    assert out.finish_reason == "stop" and out.tokens == base[:i + 2]
+    assert out.text == tok.decode_text(base[:i])
+
+
+def test_sampling_is_seeded_and_top_k1_is_greedy():
+    model = lively()
+    p = SamplingParams(temperature=1.0, seed=7)
+    assert generate(model, [1, 2], 10, p).tokens == generate(model, [1, 2], 10, p).tokens
+    assert generate(model, [1, 2], 10, SamplingParams(temperature=1.0, seed=8)).tokens != \
+        generate(model, [1, 2], 10, p).tokens
+    greedy = generate(model, [1, 2], 10).tokens
+    assert generate(model, [1, 2], 10, SamplingParams(temperature=1.5, top_k=1, seed=3)).tokens == greedy
+    assert generate(model, [1, 2], 10, SamplingParams(temperature=1.5, top_p=1e-6, seed=3)).tokens == greedy
+
+
+def test_repetition_penalty_discourages_repeats():
+    model = build_model(tiny()).eval()  # tied + tiny init: greedy repeats the last token forever
+    plain = generate(model, [5], 8).tokens
+    assert len(set(plain)) == 1
+    penalised = generate(model, [5], 8, SamplingParams(repetition_penalty=5.0)).tokens
+    assert len(set(penalised)) > 1
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(temperature=-1), "temperature=-1 must be >= 0"), (dict(top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"),
+    (dict(top_p=1.5), "top_p=1.5"), (dict(top_k=-2), "top_k=-2 must be >= 0"),
+    (dict(repetition_penalty=0), "repetition_penalty=0")])
+def test_bad_sampling_params(kw, match):
+    with pytest.raises(AttnlabError, match=match):
+        SamplingParams(**kw)
+
+
+def test_bad_requests_name_the_numbers():
+    model = lively()  # max_seq_len 64
+    with pytest.raises(AttnlabError, match="prompt is empty"):
+        generate(model, [], 4)
+    with pytest.raises(AttnlabError, match="max_new_tokens=0 must be > 0"):
+        generate(model, [1], 0)
+    with pytest.raises(AttnlabError, match="max_new_tokens=64 leaves no room"):
+        generate(model, [1], 64)
+    with pytest.raises(AttnlabError, match="prompt of 60 tokens \\+ max_new_tokens 10 exceeds the model's context of 64"):
+        generate(model, [1] * 60, 10)
+    out = generate(model, list(range(1, 31)) * 2, 10, truncate="left")
+    assert out.stats.prompt_tokens == 54
+    with pytest.raises(AttnlabError, match="outside the model's vocabulary"):
+        generate(model, [1, 99], 2)
+
+
+@pytest.mark.parametrize("family", ["transformer", "gru"])
+def test_engine_stream_equals_generate_and_reuses_prefixes(family):
+    model = lively(family=family, vocab_size=256, max_seq_len=128)
+    tok = ByteTokenizer()
+    engine = Engine(model, tok)
+    first = list(b"def f(x):")
+    events = list(engine.stream(first, 12))
+    ref = generate(model, first, 12, tokenizer=tok)
+    assert [e.token for e in events] == ref.tokens
+    assert "".join(e.text for e in events) == ref.completions[0].text
+    assert events[-1].output.stats.reused_prefix_tokens == 0
+    follow = first + [e.token for e in events] + list(b" return")  # a chat turn: history + new text
+    again = engine.generate(follow, 8)
+    assert again.tokens == generate(model, follow, 8).tokens
+    assert again.stats.reused_prefix_tokens == len(first) + 11  # all but the last sampled token
+    other = engine.generate(list(b"def g(y):"), 5)  # shares only "def " with what the engine holds
+    assert other.tokens == generate(model, list(b"def g(y):"), 5).tokens
+    expected = 4 if family == "transformer" else 0  # a recurrent state cannot forget the rest
+    assert other.stats.reused_prefix_tokens == expected
+
+
+def test_dense_and_int8_linears():
+    lin = torch.nn.Linear(64, 48)
+    x = torch.randn(5, 64)
+    torch.testing.assert_close(DenseLinear(lin, torch.float32)(x), lin(x), atol=1e-5, rtol=1e-5)
+    q = Int8Linear(lin, torch.bfloat16)
+    assert q.weight.dtype == torch.int8
+    # half a quantization step, plus the bf16 rounding of the per-channel scale (8 mantissa bits)
+    amax = lin.weight.abs().amax()
+    assert (q.dequantized - lin.weight).abs().max() <= amax / 127 * 0.51 + amax * 2 ** -8
+    y = q(x.bfloat16()).float()
+    assert (y - lin(x)).abs().max() < 0.05 * lin(x).abs().max()
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
+def test_precisions_keep_the_model(dtype):
+    model = lively(dim=64, n_heads=4)
+    x = torch.randint(0, 37, (2, 12))
+    ref = model(x)[0]
+    import copy
+    fast = set_precision(copy.deepcopy(model), dtype)
+    out = fast(x)[0].float()
+    tol = {"fp32": 1e-4, "bf16": 0.05, "int8": 0.08}[dtype]
+    assert (out - ref).abs().max() <= tol * ref.abs().max()
+    assert generate(fast, [1, 2, 3], 4).tokens  # and it still decodes through the contract
