@@ -53,7 +53,7 @@ class Learned(Positional):
 
     def embed(self, x, positions):
         size = self.table.num_embeddings
-        last = int(positions.max())
+        last = int(positions.max()) if positions.device.type != "meta" else 0  # meta: shapes only, no values
         if last >= size:
             raise ConfigError(
                 f"position {last} is beyond the learned positional table's size max_seq_len={size}; "

@@ -1,0 +1,136 @@
+"""Architectures the cost model describes: attnlab configs, Hugging Face config.json files and presets.
+
+``Arch`` holds only what cost depends on, including details attnlab's own model does not implement
+(Qwen's q/k/v-only biases, Mistral's sliding window), so real model cards can be priced exactly.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from attnlab.errors import ConfigError
+
+
+@dataclass
+class Arch:
+    name: str
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_dim: int
+    mlp: str = "swiglu"  # gelu | swiglu
+    norm: str = "rmsnorm"  # layernorm | rmsnorm
+    pos: str = "rope"  # learned adds a table of max_seq_len x dim parameters
+    max_seq_len: int = 4096
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    norm_bias: bool = False
+    sliding_window: int | None = None
+    family: str = "transformer"  # transformer | rnn | lstm | gru
+
+    def __post_init__(self) -> None:
+        for field in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "max_seq_len"):
+            if getattr(self, field) <= 0:
+                raise ConfigError(f"{self.name}: {field}={getattr(self, field)} must be > 0")
+        if self.family == "transformer" and self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"{self.name}: n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def from_model_config(cfg, name: str = "attnlab") -> Arch:
+    """An attnlab ModelConfig (one bias flag covers every linear and norm)."""
+    return Arch(name=name, vocab_size=cfg.vocab_size, dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, hidden_dim=cfg.hidden_dim, mlp=cfg.mlp,
+                norm=cfg.norm, pos=cfg.pos, max_seq_len=cfg.max_seq_len, tie_embeddings=cfg.tie_embeddings,
+                qkv_bias=cfg.bias, out_bias=cfg.bias, mlp_bias=cfg.bias, norm_bias=cfg.bias and cfg.norm == "layernorm",
+                family=cfg.family)
+
+
+_HF_NEEDS = {"gpt2": ("vocab_size", "n_embd", "n_layer", "n_head"),
+             "llama": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")}
+
+
+def from_hf_config(hf: dict, name: str = "hf") -> Arch:
+    """A Hugging Face config.json (gpt2, llama, mistral, qwen2 and other Llama-shaped model types)."""
+    kind = hf.get("model_type")
+    needs = _HF_NEEDS["gpt2" if kind == "gpt2" else "llama"]
+    missing = [k for k in needs if k not in hf]
+    if missing:
+        raise ConfigError(f"{name}: config.json lacks {', '.join(missing)} (model_type {kind!r}); "
+                          "is this a complete Hugging Face config?")
+    if kind == "gpt2":
+        d = hf["n_embd"]
+        return Arch(name=name, vocab_size=hf["vocab_size"], dim=d, n_layers=hf["n_layer"], n_heads=hf["n_head"],
+                    n_kv_heads=hf["n_head"], head_dim=d // hf["n_head"], hidden_dim=hf.get("n_inner") or 4 * d,
+                    mlp="gelu", norm="layernorm", pos="learned", max_seq_len=hf.get("n_positions", 1024),
+                    tie_embeddings=hf.get("tie_word_embeddings", True), qkv_bias=True, out_bias=True, mlp_bias=True,
+                    norm_bias=True)
+    d, h = hf["hidden_size"], hf["num_attention_heads"]
+    qkv_bias = hf.get("attention_bias", kind == "qwen2")  # Qwen2 has q/k/v biases and no others
+    return Arch(name=name, vocab_size=hf["vocab_size"], dim=d, n_layers=hf["num_hidden_layers"], n_heads=h,
+                n_kv_heads=hf.get("num_key_value_heads") or h, head_dim=hf.get("head_dim") or d // h,
+                hidden_dim=hf["intermediate_size"], mlp="swiglu", norm="rmsnorm", pos="rope",
+                max_seq_len=hf.get("max_position_embeddings", 4096),
+                tie_embeddings=hf.get("tie_word_embeddings", False), qkv_bias=bool(qkv_bias),
+                out_bias=bool(hf.get("attention_bias", False)), mlp_bias=bool(hf.get("mlp_bias", False)),
+                sliding_window=hf.get("sliding_window") if hf.get("use_sliding_window", kind == "mistral") else None)
+
+
+def _gpt2(name, d, L, h):
+    return dict(model_type="gpt2", vocab_size=50257, n_embd=d, n_layer=L, n_head=h, n_positions=1024)
+
+
+# Published config.json values (Hugging Face model cards), stored as plain data.
+PRESETS: dict[str, dict] = {
+    "gpt2": _gpt2("gpt2", 768, 12, 12),
+    "gpt2-medium": _gpt2("gpt2-medium", 1024, 24, 16),
+    "gpt2-large": _gpt2("gpt2-large", 1280, 36, 20),
+    "gpt2-xl": _gpt2("gpt2-xl", 1600, 48, 25),
+    "llama-2-7b": dict(model_type="llama", vocab_size=32000, hidden_size=4096, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=32, intermediate_size=11008,
+                       max_position_embeddings=4096),
+    "llama-3-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+                       max_position_embeddings=8192, rope_theta=500000.0),
+    "llama-3-70b": dict(model_type="llama", vocab_size=128256, hidden_size=8192, num_hidden_layers=80,
+                        num_attention_heads=64, num_key_value_heads=8, intermediate_size=28672,
+                        max_position_embeddings=8192, rope_theta=500000.0),
+    "mistral-7b": dict(model_type="mistral", vocab_size=32000, hidden_size=4096, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+                       max_position_embeddings=32768, sliding_window=4096),
+    "qwen2.5-7b": dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944,
+                       max_position_embeddings=131072, tie_word_embeddings=False, use_sliding_window=False),
+}
+
+
+def resolve(model: str) -> Arch:
+    """MODEL = a cost preset, an attnlab preset, a checkpoint folder (attnlab or HF) or a config.json path."""
+    from attnlab.config import PRESETS as OWN, RunConfig, preset
+
+    if model in PRESETS:
+        return from_hf_config(PRESETS[model], model)
+    if model in OWN:
+        return from_model_config(preset(model), f"attnlab:{model}")
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        if "model_type" in data:
+            return from_hf_config(data, str(path))
+        return from_model_config(RunConfig.from_dict(data, str(path)).model, str(path))
+    names = list(PRESETS) + [n for n in OWN if n not in PRESETS]
+    raise ConfigError(f"unknown model {model!r}: give a preset ({', '.join(names)}), "
+                      "a checkpoint folder, or a config.json path")

@@ -1,0 +1,120 @@
+"""Hardware specs for the roofline: peak FLOP/s per dtype, memory bandwidth, memory size, op overhead.
+
+Datasheet figures are dense (no structured sparsity). ``local`` is measured on the spot by a short
+micro-benchmark (matmul FLOP/s in fp32 and bf16, the bandwidth of a large sum, and the fixed cost of
+dispatching one small op) and cached in ~/.cache/attnlab/, keyed by CPU, thread count and torch version.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from attnlab.errors import ConfigError
+
+
+@dataclass
+class Hardware:
+    name: str
+    peak_flops: dict  # dtype -> FLOP/s
+    bandwidth_bytes_per_s: float
+    memory_bytes: float
+    op_overhead_s: float = 5e-6  # per dispatched kernel: launch latency on a GPU, dispatch cost on a CPU
+    source: str = "datasheet"
+
+    def flops(self, dtype: str) -> float:
+        return self.peak_flops.get(dtype) or self.peak_flops["fp32"]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+GB = 1e9
+SPECS = {
+    "h100-sxm": Hardware("h100-sxm", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}, 3.35e12, 80 * GB),
+    "h200": Hardware("h200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}, 4.8e12, 141 * GB),
+    "a100-80gb": Hardware("a100-80gb", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}, 2.039e12, 80 * GB),
+    "rtx-4090": Hardware("rtx-4090", {"bf16": 165e12, "fp16": 165e12, "fp32": 82.6e12}, 1.008e12, 24 * GB),
+}
+ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "4090": "rtx-4090"}
+NAMES = tuple(SPECS) + ("local",)
+
+
+def _cache_path() -> Path:
+    return Path(os.environ.get("ATTNLAB_CACHE", Path.home() / ".cache" / "attnlab")) / "hardware-local.json"
+
+
+def calibrate(seconds_budget: float = 3.0) -> Hardware:
+    """Measure this machine now: best-of matmul FLOP/s (fp32, bf16), sum bandwidth, per-op overhead."""
+    import torch
+
+    from attnlab.report_context import cpu_name
+
+    def best_matmul(dtype, n=1024, reps=5):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        a @ b
+        best = 0.0
+        for _ in range(reps):
+            t = time.perf_counter()
+            a @ b
+            best = max(best, 2 * n ** 3 / (time.perf_counter() - t))
+        return best
+
+    x = torch.ones(64 * 2**20)  # 256 MiB: far beyond the caches
+    x.sum()
+    bw = 0.0
+    for _ in range(5):
+        t = time.perf_counter()
+        x.sum()
+        bw = max(bw, x.numel() * 4 / (time.perf_counter() - t))
+    small = torch.ones(8)
+    for _ in range(100):
+        small.add(1)
+    t = time.perf_counter()
+    for _ in range(2000):
+        small.add(1)
+    overhead = (time.perf_counter() - t) / 2000
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        mem = 16 * GB
+    return Hardware("local", {"fp32": best_matmul(torch.float32), "bf16": best_matmul(torch.bfloat16)}, bw, mem,
+                    overhead, source=f"measured {time.strftime('%Y-%m-%d %H:%M')} on {cpu_name()}, "
+                                     f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+
+
+def local(refresh: bool = False) -> Hardware:
+    import torch
+
+    from attnlab.report_context import cpu_name
+
+    key = f"{cpu_name()}|{torch.get_num_threads()}|{torch.__version__}"
+    path = _cache_path()
+    if not refresh and path.exists():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("key") == key:
+                return Hardware(**data["hardware"])
+        except (json.JSONDecodeError, TypeError, KeyError):
+            pass
+    hw = calibrate()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "hardware": hw.to_dict()}))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home only costs a re-measurement next time
+    return hw
+
+
+def get(name: str, refresh: bool = False) -> Hardware:
+    name = ALIASES.get(name, name)
+    if name == "local":
+        return local(refresh)
+    if name not in SPECS:
+        raise ConfigError(f"unknown hardware {name!r}; choose one of: {', '.join(NAMES)} "
+                          f"(aliases: {', '.join(ALIASES)})")
+    return SPECS[name]

@@ -1,0 +1,79 @@
+"""Measured work and depth: run a model under a dispatch-level tracer and read both off the op graph.
+
+Every aten op the model dispatches is recorded with its FLOPs (torch.utils.flop_counter's formulas, the
+same FlopCounterMode uses) and its data dependencies. Depth = the longest chain of dependent compute
+ops: an op's output sits one step deeper than its deepest input. Views, reshapes and factory ops
+(no tensor inputs) add no step. Dependencies are tracked per storage, so an in-place write (the KV
+cache) makes later readers of that buffer depend on the writer. This is the measured counterpart of
+the cost model's "sequential depth": a transformer's depth does not grow with T; an RNN's does.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+aten = torch.ops.aten
+# torch's counter has no formula for the CPU flash kernel; its signature starts (q, k, v, ...) like the
+# CUDA flash kernel's, whose formula (the full T x S score rectangle, as torch counts it) applies.
+_EXTRA = {aten._scaled_dot_product_flash_attention_for_cpu: flop_registry[aten._scaled_dot_product_flash_attention]}
+
+
+@dataclass
+class TraceResult:
+    flops: int = 0
+    depth: int = 0
+    ops: int = 0
+    flops_by_op: Counter = field(default_factory=Counter)
+
+    def to_dict(self) -> dict:
+        return {"flops": self.flops, "depth": self.depth, "ops": self.ops,
+                "flops_by_op": {str(k): v for k, v in self.flops_by_op.most_common()}}
+
+
+class WorkDepthTracer(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.result = TraceResult()
+        self._depth: dict[int, int] = {}
+
+    def _key(self, t: torch.Tensor) -> int:
+        try:
+            return t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t.untyped_storage())
+        except (RuntimeError, NotImplementedError):
+            return id(t)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        d_in = max((self._depth.get(self._key(t), 0) for t in inputs), default=0)
+        compute = bool(inputs) and not func.is_view and func._overloadpacket not in (aten.detach, aten.alias)
+        d_out = d_in + 1 if compute else d_in
+        for o in tree_leaves(out):
+            if isinstance(o, torch.Tensor):
+                k = self._key(o)
+                mutated = any(self._key(t) == k for t in inputs)
+                self._depth[k] = max(self._depth.get(k, 0), d_out) if mutated else d_out
+        if compute:
+            r = self.result
+            r.ops += 1
+            r.depth = max(r.depth, d_out)
+            formula = flop_registry.get(func._overloadpacket) or _EXTRA.get(func._overloadpacket)
+            if formula is not None:
+                n = int(formula(*args, **kwargs, out_val=out))
+                r.flops += n
+                r.flops_by_op[func._overloadpacket.__name__] += n
+        return out
+
+
+def trace(model, tokens: torch.Tensor, state=None) -> TraceResult:
+    """One forward of ``model`` on ``tokens`` (B, T), traced. Gradients off; works on the meta device."""
+    tracer = WorkDepthTracer()
+    with torch.no_grad(), tracer:
+        model(tokens, state)
+    return tracer.result

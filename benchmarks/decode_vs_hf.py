@@ -1,0 +1,204 @@
+"""attnlab's engine vs Hugging Face transformers on GPT-2 small's shape, side by side in one run.
+
+    python benchmarks/decode_vs_hf.py [--pairs 5] [--new-tokens 32]
+
+Same random weights in both (HF builds GPT-2 small, saves safetensors, attnlab loads the folder),
+batch 1, greedy, the machine's calibrated matmul peak and bandwidth measured in the same process.
+Also: decode with vs without the KV cache; bf16 / int8 held-out loss change and speculative decoding on
+models trained on the embedded corpus (benchmarks/cache/spec-target and spec-draft, see --help).
+Writes benchmarks/results/decode_vs_hf.json.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import tempfile
+import time
+
+import torch
+
+from attnlab.engine import generate
+from attnlab.engine.quantize import set_precision, weight_bytes
+from attnlab.models.hf import load_hf
+from common import context, matmul_peak_flops, memory_bandwidth, summarize, write_json
+
+
+def hf_generate_s(hf, ids: torch.Tensor, n: int) -> tuple[float, list[int]]:
+    with torch.inference_mode():
+        t = time.perf_counter()
+        out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        return time.perf_counter() - t, out[0, ids.shape[1]:].tolist()
+
+
+def prefill_flops(n_params_nonembed: int, n_layers: int, dim: int, vocab: int, T: int) -> float:
+    """2 * N * T (every weight once per token) + 2 * L * T^2 * dim (causal QK^T and AV) + the last LM head row."""
+    return 2 * n_params_nonembed * T + 2 * n_layers * T * T * dim + 2 * dim * vocab
+
+
+def gpt2_section(args, peak: float, bandwidth: float) -> dict:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config()).eval()
+    folder = tempfile.mkdtemp()
+    hf.save_pretrained(folder)
+    base, cfg, _, _ = load_hf(folder)
+    models = {dt: set_precision(copy.deepcopy(base), dt) for dt in ("fp32", "bf16", "int8")}
+    ctx = torch.randint(0, cfg.vocab_size, (1, 1024), generator=torch.Generator().manual_seed(1))
+    p512, p1024 = ctx[:, :512], ctx
+    n = args.new_tokens
+    rows = {k: [] for k in ("hf_ttft512", "hf_ttft1024", "hf_tpot", "fp32_ttft512", "fp32_ttft1024", "fp32_tpot",
+                            "bf16_tpot", "int8_tpot", "bf16_ttft512", "int8_ttft512")}
+    same_tokens = True
+    hf_generate_s(hf, p512, 2)  # warm-up both sides
+    generate(models["fp32"], p512[0].tolist(), 2)
+    for _ in range(args.pairs):  # interleaved: HF, attnlab fp32, bf16, int8 in every round
+        t1, _ = hf_generate_s(hf, p512, 1)
+        tn, hf_ids = hf_generate_s(hf, p512, n)
+        rows["hf_ttft512"].append(t1)
+        rows["hf_tpot"].append((tn - t1) / (n - 1))
+        rows["hf_ttft1024"].append(hf_generate_s(hf, p1024[:, :1024 - 2], 1)[0])
+        out = generate(models["fp32"], p512[0].tolist(), n)
+        same_tokens &= out.tokens == hf_ids
+        rows["fp32_ttft512"].append(out.stats.ttft_s)
+        rows["fp32_tpot"].append(out.stats.tpot_s)
+        rows["fp32_ttft1024"].append(generate(models["fp32"], p1024[0, :1024 - 2].tolist(), 1).stats.ttft_s)
+        for dt in ("bf16", "int8"):
+            o = generate(models[dt], p512[0].tolist(), n)
+            rows[f"{dt}_tpot"].append(o.stats.tpot_s)
+            rows[f"{dt}_ttft512"].append(o.stats.ttft_s)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    nonembed = sum(p.numel() for name, p in base.named_parameters() if "tok_emb" not in name and "pos_enc" not in name)
+    res = {"raw": {k: summarize(v) for k, v in rows.items()}, "greedy_tokens_identical_to_hf": same_tokens}
+    for dt in ("fp32", "bf16", "int8"):
+        per_token_bytes = weight_bytes(models[dt]) - cfg.vocab_size * cfg.dim * (4 if dt == "fp32" else 2)  # the
+        # embedding table is read one row per token, not whole
+        bound = per_token_bytes / bandwidth
+        res[f"decode_{dt}"] = {"tpot_ms": med[f"{dt}_tpot"] * 1e3, "tok_per_s": 1 / med[f"{dt}_tpot"],
+                               "speedup_vs_hf_fp32": med["hf_tpot"] / med[f"{dt}_tpot"],
+                               "bandwidth_bound_ms": bound * 1e3, "pct_of_bandwidth_bound": 100 * bound / med[f"{dt}_tpot"],
+                               "weight_bytes_read_per_token": per_token_bytes}
+    res["decode_hf_fp32"] = {"tpot_ms": med["hf_tpot"] * 1e3, "tok_per_s": 1 / med["hf_tpot"]}
+    for T in (512, 1024):
+        fl = prefill_flops(nonembed, cfg.n_layers, cfg.dim, cfg.vocab_size, T)
+        ours, theirs = med[f"fp32_ttft{T}"], med[f"hf_ttft{T}"]
+        res[f"ttft_{T}"] = {"attnlab_s": ours, "hf_s": theirs, "ratio_attnlab_over_hf": ours / theirs,
+                            "attnlab_pct_of_matmul_peak": 100 * fl / ours / peak,
+                            "hf_pct_of_matmul_peak": 100 * fl / theirs / peak}
+    res["targets"] = {
+        "decode_fp32_ge_1.5x_hf": res["decode_fp32"]["speedup_vs_hf_fp32"] >= 1.5,
+        "decode_bf16_ge_2.5x_hf_fp32": res["decode_bf16"]["speedup_vs_hf_fp32"] >= 2.5,
+        "decode_int8_ge_2.5x_hf_fp32": res["decode_int8"]["speedup_vs_hf_fp32"] >= 2.5,
+        "ttft_512_le_0.9x_hf": res["ttft_512"]["ratio_attnlab_over_hf"] <= 0.9,
+        "ttft_1024_le_0.9x_hf": res["ttft_1024"]["ratio_attnlab_over_hf"] <= 0.9,
+    }
+    # with vs without the cache, fp32, at two context lengths
+    cache = {}
+    for T in (128, 1024 - 8):
+        prompt = ctx[0, :T].tolist()
+        with_c, without = [], []
+        for _ in range(max(2, args.pairs // 2)):
+            with_c.append(generate(models["fp32"], prompt, 5).stats.tpot_s)
+            without.append(generate(models["fp32"], prompt, 5, use_cache=False).stats.tpot_s)
+        cache[str(T)] = {"cached_tpot_ms": 1e3 * statistics.median(with_c),
+                         "uncached_tpot_ms": 1e3 * statistics.median(without),
+                         "speedup": statistics.median(without) / statistics.median(with_c)}
+    res["cache_vs_no_cache"] = cache
+    return res
+
+
+def trained_section(args) -> dict:
+    """Quality of bf16/int8 and speculative speedups on models trained on the embedded corpus."""
+    from pathlib import Path
+
+    from attnlab.config import TrainConfig
+    from attnlab.data.tasks import make_task
+    from attnlab.engine.speculative import speculative_generate
+    from attnlab.loading import load_any
+    from attnlab.train import evaluate
+
+    target_dir, draft_dir = Path(args.target), Path(args.draft)
+    if not (target_dir / "manifest.json").exists() or not (draft_dir / "manifest.json").exists():
+        return {"skipped": f"train {target_dir} and {draft_dir} first (see benchmarks/README.md)"}
+    target, draft = load_any(target_dir), load_any(draft_dir)
+    task = make_task(TrainConfig(seq_len=256, batch_size=8, eval_batches=8))
+    batches = task.eval_batches()
+    quality = {}
+    for dt in ("fp32", "bf16", "int8"):
+        m = set_precision(copy.deepcopy(target.model), dt)
+        quality[dt] = evaluate(m, batches, "cpu")["val_loss"]
+    for dt in ("bf16", "int8"):
+        quality[f"{dt}_relative_change"] = quality[dt] / quality["fp32"] - 1
+    tm = set_precision(target.model, "fp32")
+    dm = set_precision(draft.model, "fp32")
+    val = task.val_ids.tolist()
+    prompts = [val[i:i + 200] for i in (1000, 20000, 40000)]
+    spec = {}
+    for k in (2, 3, 4, 6):
+        plain_t, spec_t, acc, same = [], [], [], True
+        for p in prompts:
+            for _ in range(2):
+                a = generate(tm, p, args.spec_tokens)
+                b = speculative_generate(tm, p, args.spec_tokens, k=k, draft=dm)
+                plain_t.append(a.stats.total_s)
+                spec_t.append(b.stats.total_s)
+                acc.append(b.stats.accepted)
+                same &= a.tokens == b.tokens
+        spec[f"draft_k{k}"] = {"speedup": statistics.median(plain_t) / statistics.median(spec_t),
+                               "acceptance": statistics.mean(acc), "identical_greedy_output": same}
+    rep = val[5000:5150] * 2  # a repetitive prompt: the same code twice
+    plain_t, spec_t, acc, same = [], [], [], True
+    for _ in range(3):
+        a = generate(tm, rep, args.spec_tokens)
+        b = speculative_generate(tm, rep, args.spec_tokens, k=8, prompt_lookup=True)
+        plain_t.append(a.stats.total_s)
+        spec_t.append(b.stats.total_s)
+        acc.append(b.stats.accepted)
+        same &= a.tokens == b.tokens
+    spec["prompt_lookup_k8_repetitive"] = {"speedup": statistics.median(plain_t) / statistics.median(spec_t),
+                                           "acceptance": statistics.mean(acc), "identical_greedy_output": same}
+    best = max(v["speedup"] for k, v in spec.items() if k.startswith("draft"))
+    return {"target_params": sum(p.numel() for p in target.model.parameters()),
+            "draft_params": sum(p.numel() for p in draft.model.parameters()),
+            "held_out_loss": quality, "speculative": spec,
+            "targets": {"bf16_loss_change_le_1pct": abs(quality["bf16_relative_change"]) <= 0.01,
+                        "int8_loss_change_le_1pct": abs(quality["int8_relative_change"]) <= 0.01,
+                        "speculative_draft_ge_1.5x": best >= 1.5,
+                        "prompt_lookup_ge_1.5x": spec["prompt_lookup_k8_repetitive"]["speedup"] >= 1.5}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--spec-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--target", default="benchmarks/cache/spec-target")
+    ap.add_argument("--draft", default="benchmarks/cache/spec-draft")
+    ap.add_argument("--skip-trained", action="store_true")
+    ap.add_argument("--out", default="benchmarks/results/decode_vs_hf.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
+    peak0, bw0 = matmul_peak_flops(), memory_bandwidth()
+    gpt2 = gpt2_section(args, peak0, bw0)
+    peak1, bw1 = matmul_peak_flops(), memory_bandwidth()
+    out = {"benchmark": "decode_vs_hf", "context": context(), "batch": 1, "prompt_tokens": 512,
+           "new_tokens": args.new_tokens, "calibration": {"matmul_peak_flops": [peak0, peak1],
+                                                          "bandwidth_bytes_per_s": [bw0, bw1]},
+           "gpt2_small": gpt2}
+    if not args.skip_trained:
+        out["trained"] = trained_section(args)
+    write_json(args.out, out)
+    g = gpt2
+    print(f"decode tok/s: HF fp32 {g['decode_hf_fp32']['tok_per_s']:.1f} | attnlab fp32 {g['decode_fp32']['tok_per_s']:.1f} "
+          f"({g['decode_fp32']['speedup_vs_hf_fp32']:.2f}x), bf16 {g['decode_bf16']['speedup_vs_hf_fp32']:.2f}x, "
+          f"int8 {g['decode_int8']['speedup_vs_hf_fp32']:.2f}x")
+    print(f"ttft 512: {g['ttft_512']['attnlab_s']:.3f} s vs HF {g['ttft_512']['hf_s']:.3f} s; 1024: "
+          f"{g['ttft_1024']['attnlab_s']:.3f} vs {g['ttft_1024']['hf_s']:.3f}")
+    print("targets:", g["targets"], out.get("trained", {}).get("targets"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The cost model: exact parameters, FLOPs equal to what PyTorch counts, KV bytes equal to the real cache."""
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from attnlab.config import ModelConfig, preset
+from attnlab.cost import Workload, compare, estimate, resolve
+from attnlab.cost import hardware
+from attnlab.cost.analytic import crossover_tokens, depth, forward_flops, kv_bytes_per_token, params
+from attnlab.cost.arch import PRESETS, from_hf_config, from_model_config
+from attnlab.cost.trace import trace
+from attnlab.errors import ConfigError
+from attnlab.models import build_model, count_params
+
+transformers = pytest.importorskip("transformers")
+
+
+def _hf_param_count(name):
+    cfg = PRESETS[name]
+    kind = cfg["model_type"]
+    cls = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+           "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}[kind]
+    hf_cfg = getattr(transformers, cls[0])(**{k: v for k, v in cfg.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = getattr(transformers, cls[1])(hf_cfg)
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_parameter_counts_equal_hugging_face(name):
+    assert params(resolve(name))["total"] == _hf_param_count(name)
+
+
+def test_published_parameter_counts():
+    assert params(resolve("gpt2"))["total"] == 124_439_808
+    assert params(resolve("llama-3-8b"))["total"] == 8_030_261_248
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(n_kv_heads=2, mlp="swiglu", norm="rmsnorm", tie_embeddings=False),
+                                dict(pos="learned", bias=True), dict(family="lstm"), dict(family="gru")])
+def test_parameter_counts_equal_attnlab_models(kw):
+    cfg = ModelConfig(dim=64, n_layers=3, n_heads=4, vocab_size=101, max_seq_len=80, **kw)
+    assert params(from_model_config(cfg))["total"] == count_params(build_model(cfg))
+
+
+@pytest.mark.parametrize("T", [8, 33])
+@pytest.mark.parametrize("kw", [dict(), dict(n_kv_heads=2, mlp="swiglu", norm="rmsnorm"), dict(bias=True)])
+def test_flops_equal_flop_counter_mode_and_the_tracer(T, kw):
+    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, vocab_size=97, kernel="naive", **kw)
+    model = build_model(cfg).eval()
+    x = torch.randint(0, 97, (2, T))
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(x)
+    analytic = forward_flops(from_model_config(cfg), T, 0, batch=2, dense=True)["total"]
+    assert counter.get_total_flops() == analytic
+    assert trace(model, x).flops == analytic
+
+
+@pytest.mark.parametrize("family", ["rnn", "lstm", "gru"])
+def test_recurrent_flops_equal_the_tracer(family):
+    cfg = ModelConfig(family=family, dim=48, n_layers=2, vocab_size=50)
+    x = torch.randint(0, 50, (1, 20))
+    assert trace(build_model(cfg).eval(), x).flops == forward_flops(from_model_config(cfg), 20)["total"]
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(n_kv_heads=1), dict(n_kv_heads=2, head_dim=24)])
+@pytest.mark.parametrize("dtype,torch_dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_kv_bytes_equal_the_real_cache(kw, dtype, torch_dtype):
+    cfg = ModelConfig(dim=64, n_layers=3, n_heads=4, **kw)
+    state = build_model(cfg).new_state(2, 50, dtype=torch_dtype)
+    assert kv_bytes_per_token(from_model_config(cfg), dtype) == state.bytes_per_token
+    assert kv_bytes_per_token(from_model_config(cfg), dtype) * 50 * 2 == state.nbytes
+
+
+def test_rnn_depth_grows_linearly_and_transformer_depth_does_not():
+    depths = {}
+    for family in ("transformer", "lstm", "gru", "rnn"):
+        cfg = ModelConfig(family=family, dim=32, n_layers=2, n_heads=4, max_seq_len=512)
+        with torch.device("meta"):
+            model = build_model(cfg, device="meta")
+        depths[family] = [trace(model, torch.zeros(1, T, dtype=torch.long, device="meta")).depth for T in (32, 64, 128)]
+    t = depths["transformer"]
+    assert t[0] == t[1] == t[2]
+    for family in ("lstm", "gru", "rnn"):
+        d = depths[family]
+        assert d[2] - d[1] == 2 * (d[1] - d[0]) > 0  # exactly linear in T
+        assert d[2] > 10 * t[2]
+    a = resolve("gpt2")
+    assert depth(a, 100)["depth_steps"] == depth(a, 100_000)["depth_steps"] == 12
+
+
+def test_crossover_and_growth_factors():
+    assert crossover_tokens(resolve("gpt2")) == 8 * 768 - 1
+    c = compare(resolve("llama-3-8b"), 8192, 131072)
+    assert c["parts"]["attention"]["factor"] == pytest.approx(256, rel=1e-3)
+    assert c["parts"]["mlp"]["factor"] == pytest.approx(16)
+
+
+def test_sliding_window_caps_the_kv_cache():
+    mistral = estimate(resolve("mistral-7b"), Workload(16000, 100), hardware.get("h100"))
+    llama = estimate(resolve("llama-3-8b"), Workload(8000, 100), hardware.get("h100"))
+    assert mistral["kv_cache_bytes"] == mistral["kv_cache_bytes_per_token"] * 4096
+    assert llama["kv_cache_bytes"] == llama["kv_cache_bytes_per_token"] * 8100
+    assert llama["kv_cache_bytes_per_token"] == 128 * 1024  # 128 KiB/token in bf16 (EVIDENCE.md)
+    assert estimate(resolve("llama-2-7b"), Workload(100, 1), hardware.get("h100"))["kv_cache_bytes_per_token"] == 512 * 1024
+
+
+def test_estimate_fields_and_roofline_regimes():
+    e = estimate(resolve("llama-3-8b"), Workload(4096, 256), hardware.get("h100"))
+    for key in ("params", "prefill_flops", "decode_flops_per_token", "kv_cache_bytes_per_token", "kv_cache_bytes",
+                "attention_mlp_crossover_tokens", "ttft_s", "tpot_s", "memory_bytes", "max_context_tokens"):
+        assert key in e
+    assert e["prefill_bound"] == "compute" and e["decode_bound"] == "memory"
+    assert e["output_over_input_cost"] > 50  # an output token costs far more than an input token
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(model_type="llama", hidden_size=64), "lacks vocab_size, num_hidden_layers"),
+    (dict(model_type="llama", vocab_size=10, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+          num_key_value_heads=3, intermediate_size=8), "n_kv_heads=3 must divide n_heads=4"),
+])
+def test_bad_configs(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        from_hf_config(bad)
+
+
+def test_bad_names_list_the_valid_ones(tmp_path):
+    with pytest.raises(ConfigError, match="unknown model 'gpt5'.*llama-3-8b"):
+        resolve("gpt5")
+    with pytest.raises(ConfigError, match="unknown hardware 'tpu'.*h100-sxm, h200, a100-80gb, rtx-4090, local"):
+        hardware.get("tpu")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64}))
+    with pytest.raises(ConfigError, match="lacks vocab_size"):
+        resolve(str(tmp_path))
+    with pytest.raises(ConfigError, match="output_tokens|output-tokens=0 must be > 0"):
+        Workload(10, 0)
+    with pytest.raises(ConfigError, match="exceeds its context of 1024; pass --allow-beyond-context"):
+        estimate(resolve("gpt2"), Workload(1000, 100), hardware.get("h100"))
+    assert estimate(resolve("gpt2"), Workload(1000, 100), hardware.get("h100"), allow_beyond_context=True)["ttft_s"] > 0
+
+
+def test_local_hardware_is_measured_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    hw = hardware.get("local")
+    assert hw.peak_flops["fp32"] > 1e9 and hw.bandwidth_bytes_per_s > 1e9 and hw.op_overhead_s > 0
+    assert (tmp_path / "hardware-local.json").exists()
+    assert hardware.get("local").peak_flops == hw.peak_flops  # read back from the cache, not re-measured
