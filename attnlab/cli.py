@@ -356,6 +356,30 @@ def cmd_trace(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from attnlab.bench import bench_attention, growth_exponent
+
+    _set_threads(args.threads)
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    try:
+        lens = [int(x) for x in args.seq_lens.split(",") if x.strip()]
+    except ValueError:
+        raise AttnlabError(f"--seq-lens {args.seq_lens!r} must be comma-separated integers, e.g. 1024,4096") from None
+    show = None if args.json else (lambda r: print(
+        f"{r['kernel']:13s} T={r['seq_len']:>6d}  " + (f"{r['time_s'] * 1e3:10.1f} ms  {r['peak_bytes'] / 2**20:9.1f} MiB"
+                                                      if r["status"] == "ok" else r["status"]), flush=True))
+    rows = bench_attention(kernels, lens, args.heads, args.head_dim, args.repeats, args.budget_gb * 2**30,
+                           args.dtype, args.threads, progress=show)
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        for k in kernels:
+            e = growth_exponent(rows, k)
+            if e is not None:
+                print(f"{k}: time grows as T^{e:.2f}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from attnlab.config import TASKS, TOKENIZERS
 
@@ -449,6 +473,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("bench", help="benchmarks: `attnlab bench attention` times every kernel")
+    p.add_argument("what", choices=("attention",))
+    p.add_argument("--kernels", default="naive,sdpa,flash,sliding,block_sparse,linear,ssm")
+    p.add_argument("--seq-lens", default="1024,4096")
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--budget-gb", type=float, default=16.0, help="skip configurations predicted to need more")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--threads", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("demo", help="the quick-start job: train the default model and sample from it")
     p.add_argument("--steps", type=int, default=600)

@@ -14,7 +14,7 @@ from typing import Any
 
 from attnlab.errors import ConfigError
 
-FAMILIES = ("transformer", "rnn", "lstm", "gru")
+FAMILIES = ("transformer", "rnn", "lstm", "gru", "linear", "ssm")
 RECURRENT_FAMILIES = ("rnn", "lstm", "gru")
 MLPS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
@@ -59,6 +59,12 @@ class ModelConfig:
     dropout: float = 0.0
     init_std: float = 0.02
     fused: bool = False  # recurrent only: torch's fused nn.RNN/LSTM/GRU kernel instead of the visible loop
+    window: int = 256  # kernel "sliding": keys per query; its decode cache holds exactly this many positions
+    block_size: int = 0  # kernel "block_sparse": block length b (0 -> isqrt(max_seq_len))
+    chunk_size: int = 64  # family "linear": chunk length of the parallel form
+    ssm_state: int = 16  # family "ssm": state size N per channel
+    ssm_expand: int = 2  # family "ssm": inner width = ssm_expand * dim
+    scan: str = "parallel"  # family "ssm": "parallel" (log-depth) or "sequential" (a loop over T)
 
     def __post_init__(self) -> None:
         from attnlab.models.attention import KERNELS
@@ -69,6 +75,14 @@ class ModelConfig:
         _choice("norm", self.norm, NORMS)
         _choice("pos", self.pos, tuple(POSITIONAL))
         _choice("kernel", self.kernel, tuple(KERNELS))
+        _choice("scan", self.scan, ("parallel", "sequential"))
+        for name in ("window", "chunk_size", "ssm_state", "ssm_expand"):
+            _positive(name, getattr(self, name))
+        _positive("block_size", self.block_size, allow_zero=True)
+        if self.block_size == 0:
+            import math
+
+            self.block_size = max(1, math.isqrt(self.max_seq_len))
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
             _positive(name, getattr(self, name))
         if not 0.0 <= self.dropout < 1.0:
@@ -85,6 +99,9 @@ class ModelConfig:
                 raise ConfigError(f"n_heads={self.n_heads} must divide dim={self.dim}, or set head_dim explicitly")
             self.head_dim = self.dim // self.n_heads
         _positive("head_dim", self.head_dim)
+        if self.family in ("linear", "ssm") and self.pos in ("rope", "alibi"):
+            raise ConfigError(f"family={self.family!r} has no attention scores for pos={self.pos!r} to act on; "
+                              "use pos none, sinusoidal or learned")
         if self.pos == "rope" and self.head_dim % 2:
             raise ConfigError(f"pos='rope' needs an even head_dim, got {self.head_dim}")
         if self.rope_scaling is not None:

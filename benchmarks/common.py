@@ -1,25 +1,16 @@
 """Shared measuring helpers for benchmarks (see ../shared/MEASURING.md): context, calibration, medians."""
 from __future__ import annotations
 
-import datetime
 import json
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from attnlab.report_context import cpu_name, machine_context
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+__all__ = ["context", "cpu_name", "matmul_peak_flops", "memory_bandwidth", "summarize", "write_json"]
 
 
 def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
@@ -47,10 +38,7 @@ def memory_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
 
 
 def context(seed: int = 0, dtype: str = "fp32") -> dict:
-    return {"cpu": cpu_name(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "python": sys.version.split()[0],
-            "dtype": dtype, "seed": seed, "command": " ".join(sys.argv),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return machine_context(seed, dtype)
 
 
 def summarize(values: list[float]) -> dict:

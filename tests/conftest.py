@@ -10,13 +10,15 @@ os.environ.setdefault("HYPOTHESIS_PROFILE", "default")
 
 from attnlab.config import ModelConfig  # noqa: E402
 
-FAMILIES = ["transformer", "rnn", "lstm", "gru"]
-KERNELS = ["naive", "sdpa"]
+FAMILIES = ["transformer", "rnn", "lstm", "gru", "linear", "ssm"]
+KERNELS = ["naive", "sdpa", "flash", "sliding", "block_sparse"]
 POSITIONS = ["none", "sinusoidal", "learned", "rope", "alibi"]
 
 
 def tiny(**kw) -> ModelConfig:
-    base = dict(vocab_size=37, dim=32, n_layers=2, n_heads=4, max_seq_len=64)
+    base = dict(vocab_size=37, dim=32, n_layers=2, n_heads=4, max_seq_len=64, window=6, block_size=4, chunk_size=4)
+    if kw.get("family") in ("linear", "ssm"):
+        base["pos"] = "none"  # no attention scores for rope/alibi to act on
     base.update(kw)
     return ModelConfig(**base)
 

@@ -49,7 +49,7 @@ def test_future_tokens_never_change_past_logits(kw):
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10_000), T=st.integers(2, 12), kernel=st.sampled_from(KERNEL_NAMES))
+@given(seed=st.integers(0, 10_000), T=st.integers(2, 12), kernel=st.sampled_from(["naive", "sdpa", "flash"]))
 def test_no_positions_and_no_mask_is_permutation_equivariant(seed, T, kernel):
     torch.manual_seed(seed)
     model = build_model(tiny(pos="none", causal=False, kernel=kernel)).eval()

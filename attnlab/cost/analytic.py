@@ -29,8 +29,15 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def layer_params(a: Arch) -> dict:
-    """Per-layer parameter counts: attention = d*(H+2Hkv)*D + H*D*d (+ biases); MLP = 2*d*F (gelu) or 3*d*F."""
+    """Per-layer parameter counts: attention = d*(H+2Hkv)*D + H*D*d (+ biases); MLP = 2*d*F (gelu) or 3*d*F.
+    SSM mixer (no MLP): in 2*d*E, dt d*R/16.. (E*R + R*E + E), B/C 2*E*N, A E*N, D E, out E*d."""
+    if a.family == "ssm":
+        E, N, R = a.ssm_expand * a.dim, a.ssm_state, max(1, math.ceil(a.dim / 16))
+        mixer = 2 * a.dim * E + E * R + R * E + E + 2 * E * N + E * N + E + E * a.dim
+        return {"attention": mixer, "mlp": 0, "norms": a.dim * (2 if a.norm_bias else 1)}
     q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+    if a.family == "linear":
+        kv = q  # no grouped heads in linear attention
     attn = a.dim * (q + 2 * kv) + q * a.dim + (q + 2 * kv) * a.qkv_bias + a.dim * a.out_bias
     mats = 3 if a.mlp == "swiglu" else 2
     mlp = mats * a.dim * a.hidden_dim + a.mlp_bias * ((mats - 1) * a.hidden_dim + a.dim)
@@ -40,7 +47,7 @@ def layer_params(a: Arch) -> dict:
 
 def params(a: Arch) -> dict:
     """Exact parameter count: V*d embedding (+ max_seq_len*d learned positions) + L layers + final norm + head."""
-    if a.family != "transformer":
+    if a.family in ("rnn", "lstm", "gru"):
         gates = {"rnn": 1, "lstm": 4, "gru": 3}[a.family]
         rnn = a.n_layers * gates * (2 * a.dim * a.dim + 2 * a.dim)
         total = a.vocab_size * a.dim * (1 if a.tie_embeddings else 2) + rnn + 2 * a.dim
@@ -54,10 +61,12 @@ def params(a: Arch) -> dict:
             "per_layer": per_layer, "layers": a.n_layers * per_layer, **{f"layer_{k}": v for k, v in lp.items()}}
 
 
-def attended_keys(T: int, S: int, window: int | None, dense: bool) -> int:
+def attended_keys(T: int, S: int, window: int | None, dense: bool, block: int | None = None) -> int:
     """Sum over T new queries (after S cached tokens) of the keys each scores."""
     if dense:
         return T * (S + T)
+    if block:  # local + strided pattern: (i mod b) + 1 local keys and i // b summary keys
+        return sum((i % block) + 1 + i // block for i in range(S, S + T))
     if window is None:
         return T * S + T * (T + 1) // 2
     return sum(min(S + i + 1, window) for i in range(T)) if T < 100_000 else int(
@@ -69,16 +78,33 @@ def forward_flops(a: Arch, T: int, S: int = 0, batch: int = 1, head_rows: int | 
     """FLOPs of one forward over T new tokens after S cached ones, by part:
     projections 2*T*d*(H+2Hkv)*D + 2*T*H*D*d; attention 4*H*D*keys (QK^T and AV); MLP 2*T*(2 or 3)*d*F;
     LM head 2*rows*d*V (rows = T, or head_rows)."""
-    if a.family != "transformer":  # input and hidden matmuls per gate, every step; then the head
+    if a.family in ("rnn", "lstm", "gru"):  # input and hidden matmuls per gate, every step; then the head
         gates = {"rnn": 1, "lstm": 4, "gru": 3}[a.family]
         parts = {"recurrent": a.n_layers * 2 * 2 * T * gates * a.dim * a.dim,
                  "lm_head": 2 * (T if head_rows is None else head_rows) * a.dim * a.vocab_size}
         parts = {k: v * batch for k, v in parts.items()}
         parts["total"] = sum(parts.values())
         return parts
+    if a.family == "ssm":
+        E, N, R = a.ssm_expand * a.dim, a.ssm_state, max(1, math.ceil(a.dim / 16))
+        parts = {"projections": a.n_layers * 2 * T * (2 * a.dim * E + 2 * E * R + 2 * E * N + E * a.dim),
+                 "scan": a.n_layers * T * E * N * (6 if a.scan == "sequential" else 3 * max(1, math.ceil(math.log2(max(T, 2))))),
+                 "lm_head": 2 * (T if head_rows is None else head_rows) * a.dim * a.vocab_size}
+        parts = {k: v * batch for k, v in parts.items()}
+        parts["total"] = sum(parts.values())
+        return parts
     q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
     L = a.n_layers
-    keys = attended_keys(T, S, a.sliding_window, dense)
+    if a.family == "linear":  # chunked: C x C within chunks, D x D state products; no keys to score
+        C, D = min(a.chunk_size, T), a.head_dim
+        parts = {"qkv_out_projections": L * (2 * T * a.dim * 3 * q + 2 * T * q * a.dim),
+                 "attention": L * a.n_heads * (4 * T * C * D + 4 * T * D * D),
+                 "mlp": L * 2 * T * a.dim * a.hidden_dim * (3 if a.mlp == "swiglu" else 2),
+                 "lm_head": 2 * (T if head_rows is None else head_rows) * a.dim * a.vocab_size}
+        parts = {k: v * batch for k, v in parts.items()}
+        parts["total"] = sum(parts.values())
+        return parts
+    keys = attended_keys(T, S, a.sliding_window, dense, a.block_size)
     parts = {
         "qkv_out_projections": L * (2 * T * a.dim * (q + 2 * kv) + 2 * T * q * a.dim),
         "attention": L * 4 * a.n_heads * a.head_dim * keys,
@@ -91,7 +117,9 @@ def forward_flops(a: Arch, T: int, S: int = 0, batch: int = 1, head_rows: int | 
 
 
 def kv_bytes_per_token(a: Arch, dtype: str = "bf16") -> int:
-    """2 (K and V) * L * Hkv * D * bytes per element."""
+    """2 (K and V) * L * Hkv * D * bytes per element (0 for fixed-state families: their state does not grow)."""
+    if a.family != "transformer":
+        return 0
     return 2 * a.n_layers * a.n_kv_heads * a.head_dim * dtype_bytes(dtype)
 
 
@@ -145,9 +173,17 @@ class Workload:
         dtype_bytes(self.dtype)
 
 
-def roofline_s(flops: float, nbytes: float, hw, dtype: str, n_ops: int = 0) -> float:
-    """max(FLOPs / peak, bytes / bandwidth) + n_ops * per-op overhead."""
-    return max(flops / hw.flops(dtype), nbytes / hw.bandwidth_bytes_per_s) + n_ops * hw.op_overhead_s
+def roofline_s(flops: float, nbytes: float, hw, dtype: str, n_ops: int = 0, matmul_size: float | None = None) -> float:
+    """max(FLOPs / achievable FLOP/s, bytes / streaming bandwidth) + n_ops * per-op overhead.
+
+    On a measured spec the FLOP/s are those of a matmul of ``matmul_size`` (small matrices run far below
+    peak) and the bandwidth is what matrix-vector products achieve; on a datasheet spec, peak and bandwidth."""
+    return max(flops / hw.flops(dtype, matmul_size), nbytes / hw.stream_bandwidth()) + n_ops * hw.op_overhead_s
+
+
+def typical_matmul_size(a: Arch, T: int) -> float:
+    """Geometric mean of the dominant (MLP) matmul's m, k, n: a prefill's T x d by d x F."""
+    return (T * a.dim * a.hidden_dim) ** (1 / 3)
 
 
 OPS_PER_LAYER = 24  # dispatched kernels per transformer layer in a forward (attnlab's, counted by the tracer)
@@ -157,11 +193,11 @@ def depth(a: Arch, T: int, scan: str = "sequential") -> dict:
     """Critical path in dependent steps (a step = one layer's work on one position, or one matmul chain):
     transformer L (every position in parallel; T does not appear); RNN/LSTM/GRU T + L - 1 (a wavefront:
     step (l, t) needs (l-1, t) and (l, t-1)); SSM sequential scan T * L, parallel scan L * ceil(log2 T)."""
-    if a.family == "transformer":
+    if a.family in ("transformer", "linear"):  # linear: chunk states combine in one cumulative sum
         d = a.n_layers
     elif a.family in ("rnn", "lstm", "gru"):
         d = T + a.n_layers - 1
-    elif scan == "parallel":
+    elif (a.scan if a.family == "ssm" else scan) == "parallel":
         d = a.n_layers * max(1, math.ceil(math.log2(max(T, 2))))
     else:
         d = T * a.n_layers
@@ -180,7 +216,7 @@ def estimate(a: Arch, w: Workload, hw, allow_beyond_context: bool = False, memor
     dec = forward_flops(a, 1, mid, w.batch)
     dec_b = forward_bytes(a, 1, mid, w.batch, w.dtype)
     ops = OPS_PER_LAYER * a.n_layers + 4
-    ttft = roofline_s(pre["total"], pre_b["total"], hw, w.dtype, ops)
+    ttft = roofline_s(pre["total"], pre_b["total"], hw, w.dtype, ops, typical_matmul_size(a, w.prompt_tokens))
     tpot = roofline_s(dec["total"], dec_b["total"], hw, w.dtype, ops)
     train = {k: 3 * v for k, v in forward_flops(a, w.prompt_tokens, 0, w.batch).items()}
     p = params(a)

@@ -32,7 +32,12 @@ class Arch:
     mlp_bias: bool = False
     norm_bias: bool = False
     sliding_window: int | None = None
-    family: str = "transformer"  # transformer | rnn | lstm | gru
+    block_size: int | None = None  # block_sparse attention's block (local + strided pattern)
+    family: str = "transformer"  # transformer | rnn | lstm | gru | linear | ssm
+    chunk_size: int = 64  # linear attention's chunk
+    ssm_state: int = 16
+    ssm_expand: int = 2
+    scan: str = "parallel"
 
     def __post_init__(self) -> None:
         for field in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "max_seq_len"):
@@ -51,7 +56,9 @@ def from_model_config(cfg, name: str = "attnlab") -> Arch:
                 n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, hidden_dim=cfg.hidden_dim, mlp=cfg.mlp,
                 norm=cfg.norm, pos=cfg.pos, max_seq_len=cfg.max_seq_len, tie_embeddings=cfg.tie_embeddings,
                 qkv_bias=cfg.bias, out_bias=cfg.bias, mlp_bias=cfg.bias, norm_bias=cfg.bias and cfg.norm == "layernorm",
-                family=cfg.family)
+                family=cfg.family, sliding_window=cfg.window if cfg.kernel == "sliding" else None,
+                block_size=cfg.block_size if cfg.kernel == "block_sparse" else None, chunk_size=cfg.chunk_size,
+                ssm_state=cfg.ssm_state, ssm_expand=cfg.ssm_expand, scan=cfg.scan)
 
 
 _HF_NEEDS = {"gpt2": ("vocab_size", "n_embd", "n_layer", "n_head"),

@@ -7,6 +7,7 @@ dispatching one small op) and cached in ~/.cache/attnlab/, keyed by CPU, thread 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -23,9 +24,28 @@ class Hardware:
     memory_bytes: float
     op_overhead_s: float = 5e-6  # per dispatched kernel: launch latency on a GPU, dispatch cost on a CPU
     source: str = "datasheet"
+    # Measured specs only: achieved fp32 FLOP/s by square matmul size (small matrices run far below peak),
+    # and the bandwidth a matrix-vector product achieves when streaming weights (what decode does).
+    flops_by_size: dict | None = None
+    gemv_bytes_per_s: float | None = None
 
-    def flops(self, dtype: str) -> float:
-        return self.peak_flops.get(dtype) or self.peak_flops["fp32"]
+    def flops(self, dtype: str, size: float | None = None) -> float:
+        peak = self.peak_flops.get(dtype) or self.peak_flops["fp32"]
+        if size is None or not self.flops_by_size:
+            return peak
+        pts = sorted((int(n), f) for n, f in self.flops_by_size.items())
+        scale = peak / max(f for _, f in pts)  # the table is fp32: carry its shape to other dtypes
+        if size <= pts[0][0]:
+            return pts[0][1] * scale
+        for (n0, f0), (n1, f1) in zip(pts, pts[1:]):
+            if size <= n1:  # log-linear interpolation between measured sizes
+                w = (math.log(size) - math.log(n0)) / (math.log(n1) - math.log(n0))
+                return math.exp(math.log(f0) + w * (math.log(f1) - math.log(f0))) * scale
+        return pts[-1][1] * scale
+
+    def stream_bandwidth(self) -> float:
+        """Bytes/s when weights stream through matrix-vector products (measured), else the datasheet figure."""
+        return self.gemv_bytes_per_s or self.bandwidth_bytes_per_s
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -69,19 +89,35 @@ def calibrate(seconds_budget: float = 3.0) -> Hardware:
         t = time.perf_counter()
         x.sum()
         bw = max(bw, x.numel() * 4 / (time.perf_counter() - t))
-    small = torch.ones(8)
-    for _ in range(100):
-        small.add(1)
-    t = time.perf_counter()
-    for _ in range(2000):
-        small.add(1)
-    overhead = (time.perf_counter() - t) / 2000
+    # Fixed cost per op as a model pays it: tiny Linear + LayerNorm + GELU modules called through nn.Module.
+    tiny = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.GELU())
+                                 for _ in range(20)])
+    xs = torch.ones(1, 8)
+    with torch.inference_mode():
+        for _ in range(20):
+            tiny(xs)
+        t = time.perf_counter()
+        for _ in range(50):
+            tiny(xs)
+    overhead = (time.perf_counter() - t) / (50 * 60)
+    # Weight streaming: a vector times 8 distinct 2048 x 4096 fp32 matrices (256 MiB), cycled so that none
+    # stays in cache: the access pattern of decode.
+    mats = [torch.randn(4096, 2048) for _ in range(8)]
+    v = torch.ones(1, 2048)
+    gemv = 0.0
+    with torch.inference_mode():
+        for _ in range(4):
+            t = time.perf_counter()
+            for m in mats:
+                torch.nn.functional.linear(v, m)
+            gemv = max(gemv, sum(m.numel() * 4 for m in mats) / (time.perf_counter() - t))
+    by_size = {n: best_matmul(torch.float32, n, reps=7 if n < 512 else 3) for n in (64, 128, 256, 512, 1024)}
     try:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         mem = 16 * GB
     return Hardware("local", {"fp32": best_matmul(torch.float32), "bf16": best_matmul(torch.bfloat16)}, bw, mem,
-                    overhead, source=f"measured {time.strftime('%Y-%m-%d %H:%M')} on {cpu_name()}, "
+                    overhead, flops_by_size=by_size, gemv_bytes_per_s=gemv, source=f"measured {time.strftime('%Y-%m-%d %H:%M')} on {cpu_name()}, "
                                      f"{torch.get_num_threads()} threads, torch {torch.__version__}")
 
 

@@ -14,7 +14,7 @@ import torch
 
 from attnlab.config import ModelConfig, preset
 from attnlab.cost import hardware
-from attnlab.cost.analytic import forward_bytes, forward_flops, roofline_s
+from attnlab.cost.analytic import forward_bytes, forward_flops, roofline_s, typical_matmul_size
 from attnlab.cost.arch import from_model_config
 from attnlab.cost.trace import trace
 
@@ -32,7 +32,8 @@ def _predict(cfg: ModelConfig, prompt: int, ctx: int, hw) -> dict:
     state.pos = ctx
     decode_ops = trace(meta, torch.zeros(1, 1, dtype=torch.long, device="meta"), state).ops
     pre = roofline_s(forward_flops(a, prompt, 0, head_rows=1)["total"],
-                     forward_bytes(a, prompt, 0, 1, "fp32", head_rows=1)["total"], hw, "fp32", prefill_ops)
+                     forward_bytes(a, prompt, 0, 1, "fp32", head_rows=1)["total"], hw, "fp32", prefill_ops,
+                     typical_matmul_size(a, prompt))
     dec = roofline_s(forward_flops(a, 1, ctx)["total"], forward_bytes(a, 1, ctx, 1, "fp32")["total"], hw, "fp32",
                      decode_ops)
     return {"prefill": pre, "decode": dec, "ops": {"prefill": prefill_ops, "decode": decode_ops}}

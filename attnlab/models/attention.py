@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-KERNELS: dict[str, Callable] = {}
+KERNELS: dict[str, Callable] = {}  # filled by register_kernel here and in flash.py / sparse.py
 
 
 def register_kernel(name: str):
@@ -34,12 +34,15 @@ def causal_mask(T: int, S: int, q_offset: int, device) -> torch.Tensor:
     return torch.arange(S, device=device)[None, :] <= q_pos[:, None]
 
 
-def build_mask(T: int, S: int, q_offset: int, causal: bool, kv_start, device):
+def build_mask(T: int, S: int, q_offset: int, causal: bool, kv_start, device, window: int | None = None):
     """None (everything visible), (T, S) or, with padding, (B, 1, T, S) bool; True = visible.
 
     A padded query slot would see no key at all (and softmax would give NaN), so each slot always sees
     itself; those rows' outputs are never used."""
     mask = causal_mask(T, S, q_offset, device) if causal else None
+    if window is not None:  # sliding window: key j visible to query slot p only if j > p - window
+        band = torch.arange(S, device=device)[None, :] > torch.arange(q_offset, q_offset + T, device=device)[:, None] - window
+        mask = band if mask is None else mask & band
     if kv_start is None:
         return mask
     keys = torch.arange(S, device=device)
@@ -57,8 +60,12 @@ def alibi_bias(slopes: torch.Tensor, T: int, S: int, q_offset: int, device) -> t
 
 
 @register_kernel("naive")
-def naive_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale: float, kv_start=None):
-    """softmax(q k^T * scale + bias) v, with the T x S matrix explicit. Work O(T*S*D), memory O(T*S)."""
+def naive_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale: float, kv_start=None,
+                    window: int | None = None, extra_mask=None, **_):
+    """softmax(q k^T * scale + bias) v, with the T x S matrix explicit. Work O(T*S*D), memory O(T*S).
+
+    ``window`` bands the mask (the sliding kernel's reference); ``extra_mask`` (T, S) is and-ed in
+    (the block_sparse kernel's pattern)."""
     B, H, T, D = q.shape
     S = k.shape[-2]
     groups = H // k.shape[1]
@@ -67,7 +74,9 @@ def naive_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale
     scores = (q @ k.transpose(-2, -1)).float() * scale  # (B, H, T, S)
     if alibi_slopes is not None:
         scores = scores + alibi_bias(alibi_slopes, T, S, q_offset, q.device)
-    mask = build_mask(T, S, q_offset, causal, kv_start, q.device)
+    mask = build_mask(T, S, q_offset, causal, kv_start, q.device, window)
+    if extra_mask is not None:
+        mask = extra_mask if mask is None else mask & extra_mask
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
@@ -75,7 +84,7 @@ def naive_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale
 
 
 @register_kernel("sdpa")
-def sdpa_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale: float, kv_start=None):
+def sdpa_attention(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale: float, kv_start=None, **_):
     """torch.nn.functional.scaled_dot_product_attention (fused flash/memory-efficient kernels where possible)."""
     T, S = q.shape[-2], k.shape[-2]
     if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and T <= 16:
@@ -107,6 +116,8 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.kernel = KERNELS[cfg.kernel]
+        self.kernel_kwargs = {"sliding": {"window": cfg.window}, "block_sparse": {"block_size": cfg.block_size}}.get(
+            cfg.kernel, {})
         self.causal = cfg.causal
         self.scale = self.head_dim ** -0.5
         qkv_dim = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
@@ -122,12 +133,17 @@ class Attention(nn.Module):
         v = v.view(B, T, Hkv, D).transpose(1, 2)
         q, k = pos_enc.rotate(q, k, positions)
         q_offset, kv_start = 0, None
-        if cache is not None:
-            q_offset, kv_start = cache.pos, cache.pad
-            k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, pos + T, D) views of the cache
+        if cache is not None:  # (B, Hkv, S, D) keys/values to attend to, and where the queries sit among them
+            k, v, q_offset, kv_start = cache.attend(self.layer_idx, k, v, ordered=pos_enc.alibi_slopes is not None)
             if k.dtype != q.dtype:  # a cache kept at another dtype (e.g. bf16 under fp32 weights)
                 k, v = k.to(q.dtype), v.to(q.dtype)
         out = self.kernel(q, k, v, q_offset=q_offset, causal=self.causal,
-                          alibi_slopes=pos_enc.alibi_slopes, scale=self.scale, kv_start=kv_start)
+                          alibi_slopes=pos_enc.alibi_slopes, scale=self.scale, kv_start=kv_start,
+                          **self.kernel_kwargs)
         out = out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
         return self.wo(out)
+
+
+# The other kernels register themselves on import; importing them here keeps the registry complete.
+from attnlab.models import flash as _flash  # noqa: E402,F401
+from attnlab.models import sparse as _sparse  # noqa: E402,F401

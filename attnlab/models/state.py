@@ -52,6 +52,11 @@ class KVCache:
     def used_bytes(self) -> int:
         return self.bytes_per_token * self.pos * self.batch_size
 
+    def attend(self, layer: int, k: torch.Tensor, v: torch.Tensor, ordered: bool = False):
+        """Store the new keys/values; return (keys, values, q_offset, kv_start) for the kernel."""
+        k_all, v_all = self.update(layer, k, v)
+        return k_all, v_all, self.pos, self.pad
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write k, v (B, Hkv, T, D) at positions pos..pos+T-1; return views of everything up to there."""
         T = k.shape[2]
@@ -78,6 +83,85 @@ class KVCache:
         if not 0 <= pos <= self.pos:
             raise AttnlabError(f"cannot roll a KV cache at {self.pos} back to {pos}")
         self.pos = pos
+
+    def reset(self) -> None:
+        self.pos = 0
+        self.pad = None
+
+
+@dataclass
+class RollingKVCache:
+    """Sliding-window cache: exactly `window` slots per layer, position p stored in slot p % window.
+
+    Its bytes are constant in the context length. Decode (T=1) writes the new key into its slot and
+    attends to the whole ring (every held key is inside the window, and softmax does not care about
+    order; RoPE was applied before storing). Longer chunks, or ALiBi (whose bias needs positions in
+    order), attend to the ring unrolled in position order followed by the new keys."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    pos: int = 0
+    pad: torch.Tensor | None = None
+
+    @classmethod
+    def allocate(cls, n_layers, batch_size, n_kv_heads, window, head_dim, dtype=torch.float32, device="cpu"):
+        shape = (batch_size, n_kv_heads, window, head_dim)
+        return cls(k=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+                   v=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)])
+
+    @property
+    def window(self) -> int:
+        return self.k[0].shape[2]
+
+    max_len = property(lambda self: 1 << 62)  # a ring never fills up
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 0  # constant: the ring does not grow
+
+    @property
+    def used_bytes(self) -> int:
+        return self.nbytes
+
+    def _ordered(self, ring: torch.Tensor) -> torch.Tensor:
+        held = min(self.pos, self.window)
+        start = self.pos - held
+        idx = torch.arange(start, self.pos, device=ring.device) % self.window
+        return ring.index_select(2, idx)  # (B, Hkv, held, D) in position order
+
+    def attend(self, layer: int, k: torch.Tensor, v: torch.Tensor, ordered: bool = False):
+        if self.pad is not None:
+            raise AttnlabError("the sliding-window cache does not take left-padded batches; generate one prompt "
+                               "at a time or use kernel flash")
+        T, W = k.shape[2], self.window
+        if T == 1 and not ordered:
+            slot = self.pos % W
+            self.k[layer][:, :, slot] = k[:, :, 0]
+            self.v[layer][:, :, slot] = v[:, :, 0]
+            held = min(self.pos + 1, W)
+            return self.k[layer][:, :, :held], self.v[layer][:, :, :held], held - 1, None
+        prev_k, prev_v = self._ordered(self.k[layer]), self._ordered(self.v[layer])
+        k_all, v_all = torch.cat([prev_k, k], dim=2), torch.cat([prev_v, v], dim=2)
+        keep = min(T, W)  # the newest positions go into their slots
+        slots = torch.arange(self.pos + T - keep, self.pos + T, device=k.device) % W
+        self.k[layer][:, :, slots] = k[:, :, T - keep:]
+        self.v[layer][:, :, slots] = v[:, :, T - keep:]
+        return k_all, v_all, prev_k.shape[2], None
+
+    def advance(self, n: int) -> None:
+        self.pos += n
+
+    def positions(self, T: int, device) -> torch.Tensor:
+        return torch.arange(self.pos, self.pos + T, device=device)
+
+    def rollback(self, pos: int) -> None:
+        if pos != self.pos:
+            raise AttnlabError(f"a sliding-window cache at {self.pos} cannot roll back to {pos}: its ring has "
+                               "overwritten older positions")
 
     def reset(self) -> None:
         self.pos = 0

@@ -17,20 +17,32 @@ from attnlab.config import ModelConfig
 from attnlab.models.attention import Attention
 from attnlab.models.layers import MLP, build_norm
 from attnlab.models.positional import build_positional
-from attnlab.models.state import KVCache
+from attnlab.models.linear import LinearAttention, new_linear_state
+from attnlab.models.ssm import SelectiveSSM, new_ssm_state
+from attnlab.models.state import KVCache, RollingKVCache
+
+
+MIXERS = {"transformer": Attention, "linear": LinearAttention, "ssm": SelectiveSSM}
 
 
 class Block(nn.Module):
+    """Pre-norm residual block. The sequence mixer is softmax attention, linear attention or a selective
+    SSM (family); the SSM block, as in Mamba, has no separate MLP."""
+
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.attn_norm = build_norm(cfg)
-        self.attn = Attention(cfg, layer_idx)
-        self.mlp_norm = build_norm(cfg)
-        self.mlp = MLP(cfg)
+        self.attn = MIXERS[cfg.family](cfg, layer_idx)
+        self.mlp = None
+        if cfg.family != "ssm":
+            self.mlp_norm = build_norm(cfg)
+            self.mlp = MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x, positions, pos_enc, cache=None):
         x = x + self.dropout(self.attn(self.attn_norm(x), positions, pos_enc, cache))
+        if self.mlp is None:
+            return x
         return x + self.dropout(self.mlp(self.mlp_norm(x)))
 
 
@@ -53,14 +65,23 @@ class Transformer(nn.Module):
         std = self.cfg.init_std
         for name, p in self.named_parameters():
             if p.dim() >= 2:
-                scaled = name.endswith(("attn.wo.weight", "mlp.w2.weight"))
+                if name.endswith("A_log"):
+                    continue  # the SSM's decay rates keep their structured init
+                scaled = name.endswith(("attn.wo.weight", "mlp.w2.weight", "attn.out_proj.weight"))
                 nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layers) if scaled else std)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
 
-    def new_state(self, batch_size: int, max_len: int | None = None, dtype=None, device=None) -> KVCache:
+    def new_state(self, batch_size: int, max_len: int | None = None, dtype=None, device=None):
         cfg = self.cfg
         ref = self.tok_emb.weight
+        if cfg.family == "linear":
+            return new_linear_state(cfg, batch_size, dtype or ref.dtype, device or ref.device)
+        if cfg.family == "ssm":
+            return new_ssm_state(cfg, batch_size, dtype or ref.dtype, device or ref.device)
+        if cfg.kernel == "sliding":  # a ring of exactly `window` positions, whatever the context
+            return RollingKVCache.allocate(cfg.n_layers, batch_size, cfg.n_kv_heads, cfg.window, cfg.head_dim,
+                                           dtype=dtype or ref.dtype, device=device or ref.device)
         return KVCache.allocate(cfg.n_layers, batch_size, cfg.n_kv_heads, max_len or cfg.max_seq_len,
                                 cfg.head_dim, dtype=dtype or ref.dtype, device=device or ref.device)
 

@@ -1,0 +1,127 @@
+"""Family ``ssm``: a selective diagonal state-space block (Mamba style, Gu & Dao 2023, arXiv 2312.00752).
+
+Per channel e and state index n, with input-dependent step Delta_t, B_t, C_t:
+
+    h_t = exp(Delta_t * A) * h_{t-1} + Delta_t * B_t * u_t,     y_t = C_t . h_t + D * u_t
+
+The recurrence h_t = a_t h_{t-1} + b_t is linear, so it can be computed two ways that agree:
+- ``sequential``: a loop over T dependent steps (depth grows like T);
+- ``parallel``: a Hillis-Steele scan over the associative pairs (a, b) o (a', b') = (a a', a' b + b'),
+  log2(T) rounds of elementwise work over the whole sequence (depth grows like log T, work T log T).
+Decode carries h (fixed size) from token to token. No convolution branch (Mamba's short conv is left out
+to keep the state a single tensor).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class SSMState:
+    h: torch.Tensor  # (L, B, E, N)
+    pos: int = 0
+    pad: torch.Tensor | None = None
+
+    nbytes = property(lambda self: self.h.numel() * self.h.element_size())
+    bytes_per_token = property(lambda self: 0)
+    used_bytes = property(lambda self: self.nbytes)
+
+    def advance(self, n: int) -> None:
+        self.pos += n
+
+    def positions(self, T: int, device) -> torch.Tensor:
+        slots = torch.arange(self.pos, self.pos + T, device=device)
+        return slots if self.pad is None else (slots[None, :] - self.pad[:, None]).clamp(min=0)
+
+    def rollback(self, pos: int) -> None:
+        from attnlab.errors import AttnlabError
+
+        if pos != self.pos:
+            raise AttnlabError(f"an SSM state at {self.pos} cannot roll back to {pos}")
+
+    def reset(self) -> None:
+        self.pos, self.pad = 0, None
+        self.h.zero_()
+
+
+def scan_sequential(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor):
+    """a, b (B, T, E, N); h0 (B, E, N) -> all h_t (B, T, E, N). T dependent steps."""
+    hs, h = [], h0
+    for t in range(a.shape[1]):
+        h = a[:, t] * h + b[:, t]
+        hs.append(h)
+    return torch.stack(hs, dim=1)
+
+
+def scan_parallel(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor):
+    """Hillis-Steele inclusive scan: after the round with offset s, position t holds the composition of
+    steps t-2s+1..t. ceil(log2 T) rounds; h0 is folded into the first step."""
+    b = torch.cat([a[:, :1] * h0[:, None] + b[:, :1], b[:, 1:]], dim=1)
+    T, offset = a.shape[1], 1
+    while offset < T:
+        a_prev = F.pad(a[:, :-offset], (0, 0, 0, 0, offset, 0), value=1.0)  # identity (1, 0) before the start
+        b_prev = F.pad(b[:, :-offset], (0, 0, 0, 0, offset, 0), value=0.0)
+        b = a * b_prev + b
+        a = a * a_prev
+        offset *= 2
+    return b
+
+
+def selective_scan(u, delta, A, Bt, Ct, D, h0, mode: str = "parallel", chunk: int | None = None):
+    """u, delta (B, T, E); A (E, N); Bt, Ct (B, T, N); D (E,); h0 (B, E, N) -> y (B, T, E), h_T.
+
+    ``chunk`` bounds memory: the (B, T, E, N) discretised tensors are formed one chunk at a time and the
+    state is carried between chunks (work stays linear in T, the scan is parallel within a chunk)."""
+    T = u.shape[1]
+    step = chunk or T
+    ys, h = [], h0
+    for t0 in range(0, T, step):
+        sl = slice(t0, min(T, t0 + step))
+        a = torch.exp(delta[:, sl, :, None] * A)  # (B, t, E, N)
+        b = (delta[:, sl] * u[:, sl])[..., None] * Bt[:, sl, None, :]
+        hs = scan_sequential(a, b, h) if mode == "sequential" else scan_parallel(a, b, h)
+        ys.append((hs * Ct[:, sl, None, :]).sum(-1) + D * u[:, sl])
+        h = hs[:, -1]
+    return torch.cat(ys, dim=1), h
+
+
+class SelectiveSSM(nn.Module):
+    def __init__(self, cfg, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        E, N = cfg.ssm_expand * cfg.dim, cfg.ssm_state
+        self.E, self.N, self.scan = E, N, cfg.scan
+        rank = max(1, math.ceil(cfg.dim / 16))
+        self.in_proj = nn.Linear(cfg.dim, 2 * E, bias=False)
+        self.dt_down = nn.Linear(E, rank, bias=False)
+        self.dt_up = nn.Linear(rank, E, bias=True)
+        self.bc = nn.Linear(E, 2 * N, bias=False)
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1).float()).repeat(E, 1))  # S4D-real init
+        self.D = nn.Parameter(torch.ones(E))
+        self.out_proj = nn.Linear(E, cfg.dim, bias=False)
+
+    def forward(self, x, positions, pos_enc, state=None, force: str | None = None):
+        B, T, _ = x.shape
+        u, gate = self.in_proj(x).chunk(2, dim=-1)  # (B, T, E) each
+        delta = F.softplus(self.dt_up(self.dt_down(u)))  # (B, T, E) > 0
+        Bt, Ct = self.bc(u).chunk(2, dim=-1)  # (B, T, N)
+        A = -torch.exp(self.A_log.float())  # (E, N) < 0: a decaying state
+        if state is not None and state.pad is not None:  # padding slots: delta = 0 gives a = 1, b = 0
+            live = (torch.arange(state.pos, state.pos + T, device=x.device)[None, :] >= state.pad[:, None])
+            delta = delta * live[..., None]
+        h0 = state.h[self.layer_idx] if state is not None else x.new_zeros(B, self.E, self.N)
+        mode = force or ("sequential" if T == 1 else self.scan)
+        y, h_last = selective_scan(u, delta, A, Bt, Ct, self.D, h0, mode)  # y (B, T, E)
+        if state is not None:
+            state.h[self.layer_idx].copy_(h_last)
+        return self.out_proj(y * F.silu(gate))
+
+
+def new_ssm_state(cfg, batch_size: int, dtype, device) -> SSMState:
+    return SSMState(h=torch.zeros(cfg.n_layers, batch_size, cfg.ssm_expand * cfg.dim, cfg.ssm_state, dtype=dtype,
+                                  device=device))

@@ -1,0 +1,160 @@
+"""Beyond quadratic: every exact kernel equals naive (forward and gradients); the others equal naive under
+their own masks; linear attention's two forms agree; the SSM's two scans agree."""
+import pytest
+import torch
+
+from attnlab.config import ModelConfig
+from attnlab.cost.trace import trace
+from attnlab.models import build_model, flash
+from attnlab.models.attention import KERNELS
+from attnlab.models.linear import linear_parallel, linear_recurrent, phi
+from attnlab.models.positional import alibi_slopes
+from attnlab.models.sparse import pairs_scored, pattern_mask
+from attnlab.models.ssm import scan_parallel, scan_sequential, selective_scan
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    monkeypatch.setattr(flash, "Q_TILE", 16)
+    monkeypatch.setattr(flash, "K_TILE", 24)  # lengths below are not multiples of either tile
+
+
+def _inputs(H, Hkv, T, S, D=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, H, T, D, generator=g, requires_grad=True)
+    k = torch.randn(2, Hkv, S, D, generator=g, requires_grad=True)
+    v = torch.randn(2, Hkv, S, D, generator=g, requires_grad=True)
+    return q, k, v
+
+
+def _fwd_bwd(kernel, q, k, v, **kw):
+    out = KERNELS[kernel](q, k, v, **kw)
+    grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), (q, k, v))
+    return out, grads
+
+
+def _assert_same(a, b):
+    (oa, ga), (ob, gb) = a, b
+    torch.testing.assert_close(oa, ob, atol=2e-5, rtol=1e-4)
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("H,Hkv", [(4, 4), (4, 2), (4, 1)])
+@pytest.mark.parametrize("T,S", [(37, 37), (50, 61), (1, 29)])
+@pytest.mark.parametrize("alibi", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_equals_naive_forward_and_gradients(small_tiles, H, Hkv, T, S, alibi, causal):
+    q, k, v = _inputs(H, Hkv, T, S)
+    kw = dict(q_offset=S - T, causal=causal, alibi_slopes=alibi_slopes(H) if alibi else None, scale=0.3)
+    _assert_same(_fwd_bwd("flash", q, k, v, **kw), _fwd_bwd("naive", q, k, v, **kw))
+
+
+def test_flash_with_padding_mask(small_tiles):
+    q, k, v = _inputs(4, 2, 40, 40)
+    kw = dict(q_offset=0, causal=True, alibi_slopes=None, scale=0.3, kv_start=torch.tensor([0, 13]))
+    _assert_same(_fwd_bwd("flash", q, k, v, **kw), _fwd_bwd("naive", q, k, v, **kw))
+
+
+@pytest.mark.parametrize("window", [1, 5, 23, 100])
+@pytest.mark.parametrize("T,S", [(45, 45), (7, 52), (1, 30)])
+def test_sliding_equals_naive_with_a_banded_mask(small_tiles, window, T, S):
+    q, k, v = _inputs(4, 2, T, S)
+    kw = dict(q_offset=S - T, causal=True, alibi_slopes=None, scale=0.3, window=window)
+    _assert_same(_fwd_bwd("sliding", q, k, v, **kw), _fwd_bwd("naive", q, k, v, **kw))
+
+
+@pytest.mark.parametrize("T,block", [(64, 8), (61, 8), (30, 5), (100, 10)])
+def test_block_sparse_equals_naive_with_its_mask(T, block):
+    q, k, v = _inputs(4, 2, T, T)
+    mask = pattern_mask(T, T, 0, block, "cpu")
+    a = _fwd_bwd("block_sparse", q, k, v, q_offset=0, causal=True, alibi_slopes=None, scale=0.3, block_size=block)
+    b = _fwd_bwd("naive", q, k, v, q_offset=0, causal=False, alibi_slopes=None, scale=0.3, extra_mask=mask)
+    _assert_same(a, b)
+    assert int(mask.sum()) == pairs_scored(T, block)
+
+
+def test_block_sparse_scores_T_sqrt_T_pairs():
+    import math
+    for T in (1024, 4096, 16384):
+        b = math.isqrt(T)
+        assert pairs_scored(T, b) < 2 * T * b  # ~ T*sqrt(T), far below the causal T^2/2
+    assert pairs_scored(16384, 128) / (16384 * 16385 / 2) < 0.02
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 64])
+def test_linear_attention_parallel_equals_recurrent(chunk):
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 29, 8, generator=g) for _ in range(3))
+    q, k = phi(q), phi(k)
+    S0, z0 = torch.rand(2, 3, 8, 8, generator=g), torch.rand(2, 3, 8, generator=g)
+    a, Sa, za = linear_parallel(q, k, v, S0, z0, chunk)
+    b, Sb, zb = linear_recurrent(q, k, v, S0, z0)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(Sa, Sb, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(za, zb, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("T", [1, 2, 5, 16, 33])
+def test_ssm_parallel_scan_equals_sequential(T):
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.rand(2, T, 6, 4, generator=g), torch.randn(2, T, 6, 4, generator=g)
+    h0 = torch.randn(2, 6, 4, generator=g)
+    torch.testing.assert_close(scan_parallel(a, b, h0), scan_sequential(a, b, h0), atol=1e-5, rtol=1e-4)
+
+
+def test_chunked_selective_scan_equals_whole():
+    g = torch.Generator().manual_seed(3)
+    B, T, E, N = 1, 50, 6, 4
+    u, delta = torch.randn(B, T, E, generator=g), torch.rand(B, T, E, generator=g)
+    Bt, Ct = torch.randn(B, T, N, generator=g), torch.randn(B, T, N, generator=g)
+    A, D, h0 = -torch.rand(E, N, generator=g), torch.randn(E, generator=g), torch.randn(B, E, N, generator=g)
+    whole = selective_scan(u, delta, A, Bt, Ct, D, h0)
+    for mode, chunk in (("parallel", 7), ("sequential", None), ("sequential", 16)):
+        part = selective_scan(u, delta, A, Bt, Ct, D, h0, mode, chunk)
+        torch.testing.assert_close(part[0], whole[0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(part[1], whole[1], atol=1e-5, rtol=1e-4)
+
+
+def test_sliding_window_cache_has_constant_bytes():
+    model = build_model(ModelConfig(dim=32, n_layers=2, n_heads=4, kernel="sliding", window=8, vocab_size=50)).eval()
+    state = model.new_state(1, 10_000)
+    before = state.nbytes
+    assert before == 2 * 2 * 4 * 8 * 8 * 4  # K and V, 2 layers, 4 heads, 8 slots, head_dim 8, fp32
+    with torch.no_grad():
+        model(torch.randint(0, 50, (1, 20)), state)
+        for _ in range(50):
+            model(torch.randint(0, 50, (1, 1)), state)
+    assert state.nbytes == before and state.pos == 70
+
+
+def _depths(cfg_kw, lens):
+    cfg = ModelConfig(dim=16, n_layers=1, n_heads=2, vocab_size=20, pos="none", max_seq_len=4096, **cfg_kw)
+    with torch.device("meta"):
+        model = build_model(cfg, device="meta")
+    return [trace(model, torch.zeros(1, T, dtype=torch.long, device="meta")).depth for T in lens]
+
+
+def test_scan_depths_grow_like_log_T_and_T():
+    par = _depths(dict(family="ssm", scan="parallel"), [64, 128, 256, 512])
+    steps = [b - a for a, b in zip(par, par[1:])]
+    assert steps[0] == steps[1] == steps[2] > 0  # one more round per doubling: depth ~ log2 T
+    seq = _depths(dict(family="ssm", scan="sequential"), [64, 128, 256])
+    assert seq[2] - seq[1] == 2 * (seq[1] - seq[0]) > 0  # linear in T
+    assert seq[2] > 5 * par[2]
+    lin = _depths(dict(family="linear", chunk_size=16), [64, 256, 1024])
+    assert lin[0] == lin[1] == lin[2]  # chunk states combine with one cumulative sum
+
+
+@pytest.mark.parametrize("kw", [dict(kernel="flash"), dict(kernel="sliding", window=5), dict(kernel="block_sparse"),
+                                dict(family="linear", pos="none"), dict(family="ssm", pos="none")])
+def test_new_models_train_and_decode(kw):
+    from attnlab.engine import generate
+    from attnlab.train import lm_loss
+
+    model = build_model(ModelConfig(dim=32, n_layers=2, n_heads=4, vocab_size=30, max_seq_len=64, **kw))
+    x = torch.randint(0, 30, (2, 20))
+    loss = lm_loss(model(x)[0], torch.roll(x, -1, 1))
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+    assert len(generate(model.eval(), [1, 2, 3], 5).tokens) == 5
