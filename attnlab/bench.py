@@ -1,7 +1,7 @@
 """``attnlab bench attention``: time and peak memory of each attention kernel (and the linear-attention
 and SSM mixers) at each sequence length, every configuration in a fresh subprocess.
 
-Peak memory follows ../shared/MEASURING.md: the child's max RSS minus its own RSS after imports and
+Peak memory follows ../shared/MEASURING.md: the child's max RSS minus its resident size after imports and
 input allocation, so the figure is what the kernel itself needs. A configuration whose predicted
 need exceeds the memory budget is not run (reported with the prediction) rather than risking the
 machine. Inputs: batch 1, causal, q/k/v of shape (1, H, T, D).
@@ -60,7 +60,7 @@ def _run_one(kernel: str, T: int, H: int, D: int, repeats: int, dtype: str) -> d
         fn = lambda: KERNELS[kernel](q, k, v, **kw)
         pairs = {"sliding": sum(min(i + 1, 256) for i in range(T)), "block_sparse": pairs_scored(T, default_block(T))
                  }.get(kernel, T * (T + 1) // 2)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base = _current_rss()  # what the process holds now (inputs included); the peak above it is the kernel's
     times = []
     with torch.inference_mode():
         for _ in range(repeats):
@@ -70,6 +70,14 @@ def _run_one(kernel: str, T: int, H: int, D: int, repeats: int, dtype: str) -> d
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     return {"kernel": kernel, "seq_len": T, "time_s": statistics.median(times), "time_min_s": min(times),
             "peak_bytes": peak, "pairs_scored": pairs, "status": "ok"}
+
+
+def _current_rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except OSError:  # no procfs: fall back to the high-water mark (under-reports small kernels)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def bench_attention(kernels: list[str], seq_lens: list[int], heads: int = 12, head_dim: int = 64, repeats: int = 3,

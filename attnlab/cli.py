@@ -380,6 +380,39 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from attnlab.report import load_results, run_report, write_report
+
+    _set_threads(args.threads)
+    if args.from_json:
+        results = load_results(args.from_json)
+    else:
+        only = None
+        if args.only:
+            try:
+                only = [int(x) for x in args.only.split(",") if x.strip()]
+            except ValueError:
+                raise AttnlabError(f"--only {args.only!r} must be claim numbers, e.g. 1,4,10") from None
+        if args.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise AttnlabError("--device cuda but torch sees no CUDA device; use --device cpu")
+
+        def progress(exp, entry):
+            if entry is None:
+                print(f"[{exp.id:2d}] {exp.title} ...", file=sys.stderr, flush=True)
+            else:
+                print(f"     {entry['verdict']}: {entry['figure']} ({entry['elapsed_s']:.1f} s)", file=sys.stderr, flush=True)
+
+        results = run_report(args.scale, only, args.device, progress)
+    page = write_report(results, args.out)
+    print(f"{len(results['claims'])} claims -> {page} (and results.json)")
+    for c in results["claims"]:
+        print(f"  {c['id']:2d}. {c['title']:45s} {c['verdict']:14s} {c['figure']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from attnlab.config import TASKS, TOKENIZERS
 
@@ -486,6 +519,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("report", help="run every claim's experiment; write index.html and results.json")
+    p.add_argument("--scale", default="quick", choices=("quick", "full"))
+    p.add_argument("--only", help="claim numbers, e.g. 1,4,10")
+    p.add_argument("--out", default="runs/report")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--from", dest="from_json", help="re-render from a results.json")
+    p.add_argument("--threads", type=int)
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("demo", help="the quick-start job: train the default model and sample from it")
     p.add_argument("--steps", type=int, default=600)

@@ -174,16 +174,21 @@ class Workload:
 
 
 def roofline_s(flops: float, nbytes: float, hw, dtype: str, n_ops: int = 0, matmul_size: float | None = None) -> float:
-    """max(FLOPs / achievable FLOP/s, bytes / streaming bandwidth) + n_ops * per-op overhead.
-
-    On a measured spec the FLOP/s are those of a matmul of ``matmul_size`` (small matrices run far below
-    peak) and the bandwidth is what matrix-vector products achieve; on a datasheet spec, peak and bandwidth."""
-    return max(flops / hw.flops(dtype, matmul_size), nbytes / hw.stream_bandwidth()) + n_ops * hw.op_overhead_s
+    """Datasheet spec: max(FLOPs / peak, bytes / bandwidth) + n_ops * launch overhead (a GPU overlaps compute
+    and memory traffic across thousands of threads).
+    Measured spec (a CPU): FLOPs / achievable FLOP/s + bytes / streaming bandwidth + n_ops * dispatch cost,
+    summed, because the ops run one after another and each is limited by one or the other; the FLOP/s are
+    those of a matmul of ``matmul_size`` (small matrices run far below peak) and the bandwidth is what
+    matrix-vector products achieve."""
+    compute = flops / hw.flops(dtype, matmul_size)
+    memory = nbytes / hw.stream_bandwidth()
+    overlap = max(compute, memory) if hw.flops_by_size is None else compute + memory
+    return overlap + n_ops * hw.op_overhead_s
 
 
 def typical_matmul_size(a: Arch, T: int) -> float:
-    """Geometric mean of the dominant (MLP) matmul's m, k, n: a prefill's T x d by d x F."""
-    return (T * a.dim * a.hidden_dim) ** (1 / 3)
+    """The width that sets a layer's matmul efficiency: the model dimension d (inner size of every projection)."""
+    return a.dim
 
 
 OPS_PER_LAYER = 24  # dispatched kernels per transformer layer in a forward (attnlab's, counted by the tracer)

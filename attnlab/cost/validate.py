@@ -18,7 +18,8 @@ from attnlab.cost.analytic import forward_bytes, forward_flops, roofline_s, typi
 from attnlab.cost.arch import from_model_config
 from attnlab.cost.trace import trace
 
-CONFIGS = {"default-0.8m": preset("default"), "small-10m": preset("small-10m"), "gpt2-124m": preset("gpt2")}
+CONFIGS = {"mini-1.3m": preset("default", dim=160, n_heads=5), "small-10m": preset("small-10m"),
+           "gpt2-124m": preset("gpt2")}
 
 
 def _predict(cfg: ModelConfig, prompt: int, ctx: int, hw) -> dict:
@@ -40,7 +41,7 @@ def _predict(cfg: ModelConfig, prompt: int, ctx: int, hw) -> dict:
 
 
 def validate(configs: dict[str, ModelConfig] | None = None, prompt: int = 256, new_tokens: int = 32,
-             repeats: int = 3, refresh: bool = False) -> list[dict]:
+             repeats: int = 5, refresh: bool = False) -> list[dict]:
     from attnlab.engine import generate
     from attnlab.engine.quantize import set_precision
     from attnlab.models import build_model, count_params
@@ -52,7 +53,8 @@ def validate(configs: dict[str, ModelConfig] | None = None, prompt: int = 256, n
         n_params = count_params(model)
         model = set_precision(model, "fp32")
         ids = torch.randint(0, cfg.vocab_size, (prompt,), generator=torch.Generator().manual_seed(0)).tolist()
-        generate(model, ids, 2)  # warm-up
+        for _ in range(3):  # warm-up: thread pools, allocator, first-touch of the weights
+            generate(model, ids, 4)
         ttft, tpot = [], []
         for _ in range(repeats):
             st = generate(model, ids, new_tokens).stats

@@ -44,34 +44,42 @@ def _key_range(q0, q1, S, q_offset, causal, window):
     return lo, hi
 
 
+def _needs_mask(q0, q1, k0, k1, q_offset, causal, window, kv_start) -> bool:
+    """Only tiles that cross the causal diagonal or the window's edge (or have padding) need a mask."""
+    if kv_start is not None:
+        return True
+    if causal and k1 - 1 > q0 + q_offset:
+        return True
+    return window is not None and k0 <= q1 - 1 + q_offset - window
+
+
 def _forward(q, k, v, q_offset, causal, window, slopes, scale, kv_start):
     """q (B, Hkv, G, T, D), k/v (B, Hkv, 1, S, D) -> out (B, Hkv, G, T, D), lse (B, Hkv, G, T)."""
     B, Hkv, G, T, D = q.shape
     S = k.shape[-2]
     out = torch.empty_like(q)
     lse = torch.empty(B, Hkv, G, T, dtype=torch.float32, device=q.device)
+    qs = q * scale  # fold the scale in once instead of scaling every tile
     for q0 in range(0, T, Q_TILE):
         q1 = min(T, q0 + Q_TILE)
-        qt = q[..., q0:q1, :]
+        qt = qs[..., q0:q1, :]
         m = torch.full((B, Hkv, G, q1 - q0, 1), float("-inf"), device=q.device)
         l = torch.zeros_like(m)
         acc = torch.zeros(B, Hkv, G, q1 - q0, D, dtype=torch.float32, device=q.device)
         lo, hi = _key_range(q0, q1, S, q_offset, causal, window)
         for k0 in range(lo - lo % K_TILE if window is not None else 0, hi, K_TILE):
             k1 = min(hi, k0 + K_TILE)
-            s = (qt @ k[..., k0:k1, :].transpose(-2, -1)).float() * scale  # (B, Hkv, G, Tq, Tk)
+            s = (qt @ k[..., k0:k1, :].transpose(-2, -1)).float()  # (B, Hkv, G, Tq, Tk)
             if slopes is not None:
-                s = s + alibi_bias(slopes, q1 - q0, k1 - k0, q0 + q_offset - k0, q.device).view(
-                    1, Hkv, G, q1 - q0, k1 - k0)
-            mask = _tile_mask(q0, q1, k0, k1, q_offset, causal, window, kv_start, q.device)
-            if mask is not None:
-                s = s.masked_fill(~mask, float("-inf"))
+                s += alibi_bias(slopes, q1 - q0, k1 - k0, q0 + q_offset - k0, q.device).view(1, Hkv, G, q1 - q0, k1 - k0)
+            if _needs_mask(q0, q1, k0, k1, q_offset, causal, window, kv_start):
+                s.masked_fill_(~_tile_mask(q0, q1, k0, k1, q_offset, causal, window, kv_start, q.device), float("-inf"))
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with nothing yet
-            p = torch.exp(s - m_safe)
+            p = s.sub_(m_safe).exp_()  # in place: the tile's scores become its probabilities (unnormalised)
             corr = torch.exp(m - m_safe)
             l = l * corr + p.sum(-1, keepdim=True)
-            acc = acc * corr + p.to(v.dtype) @ v[..., k0:k1, :]
+            acc = acc.mul_(corr).add_(p.to(v.dtype) @ v[..., k0:k1, :])
             m = m_new
         out[..., q0:q1, :] = (acc / l).to(q.dtype)
         lse[..., q0:q1] = (m + torch.log(l)).squeeze(-1)

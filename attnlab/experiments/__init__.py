@@ -1,0 +1,23 @@
+"""One claim per file, found by name: ``eNN_slug.py`` defines CLAIM, PREDICTION, THRESHOLD, TITLE and
+``run(scale, device) -> Outcome``. Adding a claim is adding one file."""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+
+from attnlab.experiments.base import Experiment
+
+
+def registry() -> dict[int, Experiment]:
+    out = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        m = re.fullmatch(r"e(\d+)_(\w+)", info.name)
+        if not m:
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        exp = Experiment(id=int(m.group(1)), slug=m.group(2), title=mod.TITLE, claim=mod.CLAIM,
+                         prediction=mod.PREDICTION, threshold=mod.THRESHOLD, run=mod.run,
+                         source=f"attnlab/experiments/{info.name}.py")
+        out[exp.id] = exp
+    return out

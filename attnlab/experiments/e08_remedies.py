@@ -1,0 +1,69 @@
+"""Claim 8: the remedies for quadratic cost trade exactness or recall for speed and memory."""
+import torch
+
+from attnlab.data.synthetic import IGNORE
+from attnlab.experiments.base import Outcome, Plot, Series, fit_exponent, median_time, verdict
+from attnlab.experiments.e03_path_length import _mqar
+from attnlab.models.attention import KERNELS
+from attnlab.models.linear import linear_parallel, phi
+from attnlab.models.sparse import default_block, pairs_scored
+from attnlab.models.ssm import selective_scan
+
+TITLE = "The remedies' trade"
+CLAIM = ("Sliding-window, block-sparse, linear attention and state-space models cut attention's quadratic cost, "
+         "and pay for it in what they can recall.")
+PREDICTION = ("At long n their time grows with exponents near 1 (block_sparse ~1.5) against ~2 for exact attention; on "
+              "MQAR, models with a bounded window or fixed-size state recall less than exact attention at equal budget.")
+THRESHOLD = ("Supported if every remedy's time exponent is below exact attention's and exact attention's MQAR accuracy "
+             "is >= every remedy's.")
+
+
+def _times(lens, H=4, D=64):
+    out = {k: [] for k in ("sdpa", "flash", "sliding", "block_sparse", "linear", "ssm")}
+    for T in lens:
+        q, k, v = (torch.randn(1, H, T, D) for _ in range(3))
+        kw = dict(q_offset=0, causal=True, alibi_slopes=None, scale=D ** -0.5)
+        with torch.inference_mode():
+            out["sdpa"].append(median_time(lambda: KERNELS["sdpa"](q, k, v, **kw), 2))
+            out["flash"].append(median_time(lambda: KERNELS["flash"](q, k, v, **kw), 2))
+            out["sliding"].append(median_time(lambda: KERNELS["sliding"](q, k, v, window=256, **kw), 2))
+            out["block_sparse"].append(median_time(lambda: KERNELS["block_sparse"](q, k, v, block_size=default_block(T), **kw), 2))
+            fq, fk = phi(q), phi(k)
+            out["linear"].append(median_time(lambda: linear_parallel(fq, fk, v, torch.zeros(1, H, D, D),
+                                                                     torch.zeros(1, H, D), 64), 2))
+            E, N = H * D, 16
+            u = q.transpose(1, 2).reshape(1, T, E)
+            dl = torch.nn.functional.softplus(k.transpose(1, 2).reshape(1, T, E))
+            B_, C_ = torch.randn(1, T, N), torch.randn(1, T, N)
+            A = -torch.arange(1, N + 1).float().repeat(E, 1)
+            out["ssm"].append(median_time(lambda: selective_scan(u, dl, A, B_, C_, torch.ones(E), torch.zeros(1, E, N),
+                                                                 chunk=256), 2))
+    return out
+
+
+def run(scale: str, device: str) -> Outcome:
+    lens = [1024, 2048, 4096] if scale == "quick" else [1024, 2048, 4096, 8192, 16384]
+    times = _times(lens)
+    exps = {k: fit_exponent(lens, v) for k, v in times.items()}
+    models = {"exact (sdpa)": dict(kernel="sdpa"), "sliding (w=8)": dict(kernel="sliding", window=8),
+              "block_sparse": dict(kernel="block_sparse", block_size=6), "linear": dict(family="linear", pos="none"),
+              "ssm": dict(family="ssm", pos="none")}
+    steps = 250 if scale == "quick" else 1500
+    acc = {name: _mqar(kw, steps, 32, 4, 32, 64)[0] for name, kw in models.items()}
+    ok = all(exps[k] < exps["sdpa"] for k in ("sliding", "block_sparse", "linear", "ssm")) and \
+        all(acc["exact (sdpa)"] >= a for a in acc.values())
+    rows = [{"method": k, "time_exponent": exps[k], **{f"time_s_{T}": t for T, t in zip(lens, v)}} for k, v in times.items()]
+    rows += [{"method": k, "mqar_accuracy": a} for k, a in acc.items()]
+    names = list(acc)
+    return Outcome(verdict(ok), f"time exponents: sdpa {exps['sdpa']:.2f}, sliding {exps['sliding']:.2f}, block_sparse "
+                   f"{exps['block_sparse']:.2f}, linear {exps['linear']:.2f}, ssm {exps['ssm']:.2f}; MQAR: exact "
+                   f"{acc['exact (sdpa)']:.0%} vs linear {acc['linear']:.0%}",
+                   {"lengths": lens, "times_s": times, "exponents": exps, "mqar_accuracy": acc,
+                    "pairs_scored": {T: {"causal": T * (T + 1) // 2, "block_sparse": pairs_scored(T, default_block(T))}
+                                     for T in lens}},
+                   [Plot("Time vs n (4 heads x 64)", "n (tokens)", "seconds", [Series(k, lens, v) for k, v in times.items()],
+                         log_x=True, log_y=True),
+                    Plot("MQAR accuracy at equal budget", "method (index)", "accuracy",
+                         [Series("accuracy", list(range(len(names))), [acc[n] for n in names])])], rows,
+                   ["x axis of the accuracy plot: " + ", ".join(f"{i}={n}" for i, n in enumerate(names)),
+                    "MQAR here: 32 tokens, 4 pairs; the sliding window (8) cannot see most keys by construction."])

@@ -1,0 +1,82 @@
+"""``attnlab report``: run the claims' experiments, write results.json and a self-contained index.html."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from attnlab.errors import AttnlabError
+
+TEMPLATE = Path(__file__).with_name("template.html")
+
+
+def run_report(scale: str = "quick", only: list[int] | None = None, device: str = "cpu", progress=None) -> dict:
+    import torch
+
+    from attnlab.experiments import registry
+    from attnlab.report_context import machine_context
+
+    exps = registry()
+    if only:
+        missing = [i for i in only if i not in exps]
+        if missing:
+            raise AttnlabError(f"--only {missing}: no such claim; claims are {', '.join(map(str, sorted(exps)))}")
+    chosen = [exps[i] for i in sorted(exps) if not only or i in only]
+    torch.set_flush_denormal(True)
+    t0 = time.perf_counter()
+    claims = []
+    for exp in chosen:
+        if progress:
+            progress(exp, None)
+        t = time.perf_counter()
+        outcome = exp.run(scale, device)
+        entry = {"id": exp.id, "slug": exp.slug, "title": exp.title, "claim": exp.claim, "prediction": exp.prediction,
+                 "threshold": exp.threshold, "source": exp.source, "elapsed_s": time.perf_counter() - t,
+                 **outcome.to_dict()}
+        claims.append(entry)
+        if progress:
+            progress(exp, entry)
+    return {"attnlab_report": 1, "scale": scale, "device": device, "seed": 0, "context": machine_context(0),
+            "total_s": time.perf_counter() - t0, "claims": claims}
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return v
+
+
+def render(results: dict) -> str:
+    import jinja2
+
+    from attnlab.report.plots import svg
+
+    env = jinja2.Environment(autoescape=True)
+    env.filters["fmt"] = _fmt
+    claims = []
+    for c in results["claims"]:
+        claims.append({**c, "svgs": [svg(p) for p in c.get("plots", [])]})
+    return env.from_string(TEMPLATE.read_text()).render(claims=claims, ctx=results["context"], scale=results["scale"],
+                                                        total_s=results.get("total_s", 0.0))
+
+
+def write_report(results: dict, out: str | Path) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    page = out / "index.html"
+    page.write_text(render(results))
+    return page
+
+
+def load_results(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AttnlabError(f"{path}: no such results file; run `attnlab report` first") from None
+    except json.JSONDecodeError as e:
+        raise AttnlabError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict) or "claims" not in data or "context" not in data:
+        raise AttnlabError(f"{path}: not an attnlab results.json (no 'claims' list)")
+    return data

@@ -1,0 +1,91 @@
+"""The report: a registry of claims, verdicts computed from data, a self-contained page checked in Chromium."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from attnlab.experiments import registry
+from attnlab.experiments.base import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, fit_exponent, verdict
+from attnlab.report import load_results, render, run_report
+
+
+def test_every_claim_is_registered_with_its_prediction():
+    exps = registry()
+    assert sorted(exps) == list(range(1, 14))
+    for e in exps.values():
+        assert e.claim and e.prediction and e.threshold and e.title
+        assert os.path.exists(e.source)
+
+
+def test_verdict_and_fit_helpers():
+    assert verdict(True) == SUPPORTED and verdict(False) == NOT_SUPPORTED and verdict(None) == INCONCLUSIVE
+    assert fit_exponent([1, 2, 4, 8], [3, 12, 48, 192]) == pytest.approx(2.0)
+
+
+def test_verdicts_come_from_the_data():
+    res = run_report("quick", only=[4])
+    c = res["claims"][0]
+    assert c["verdict"] == SUPPORTED
+    dev = c["data"]["max_deviation"]
+    assert dev["none"] < 1e-4 < dev["rope"]  # the verdict above follows from these numbers
+    html = render(res)
+    assert "Order must be injected" in html and "<svg" in html
+
+
+def _chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def test_quick_report_in_headless_chromium(tmp_path):
+    out = tmp_path / "report"
+    r = subprocess.run([sys.executable, "-m", "attnlab", "report", "--scale", "quick", "--only", "1,4,6,10",
+                        "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert [c["id"] for c in results["claims"]] == [1, 4, 6, 10]
+    for c in results["claims"]:
+        assert c["verdict"] in (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE) and c["figure"] and c["plots"]
+    again = subprocess.run([sys.executable, "-m", "attnlab", "report", "--from", str(out / "results.json"),
+                            "--out", str(tmp_path / "again")], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "again" / "index.html").read_text().count('class="claim"') == 4
+    browser = _chromium()
+    if browser is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed; .ci/run installs Debian's chromium")
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]
+    page = (out / "index.html").as_uri()
+    dom = subprocess.run([browser, *flags, "--dump-dom", page], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    console_errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and ("Error" in line or "Uncaught" in line)]
+    assert not console_errors, console_errors
+    for c in results["claims"]:
+        start = dom.stdout.index(f'id="claim-{c["id"]}"')
+        section = dom.stdout[start:dom.stdout.index("</section>", start)]
+        assert "<svg" in section and c["verdict"] in section
+    shot = out / "screenshot.png"
+    subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=390,2400", page], capture_output=True,
+                   timeout=120)
+    assert shot.exists() and shot.stat().st_size > 10_000
+    html = (out / "index.html").read_text()
+    assert not any(f'{attr}="http' in html for attr in ("src", "href"))  # self-contained: nothing fetched
+
+
+def test_bad_results_file(tmp_path):
+    from attnlab.errors import AttnlabError
+
+    (tmp_path / "r.json").write_text("{}")
+    with pytest.raises(AttnlabError, match="not an attnlab results.json"):
+        load_results(tmp_path / "r.json")
+    with pytest.raises(AttnlabError, match="no such claim"):
+        run_report("quick", only=[99])
