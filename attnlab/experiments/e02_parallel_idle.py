@@ -19,13 +19,14 @@ THRESHOLD = "Supported if the transformer's utilisation exceeds the looped LSTM'
 
 
 def _peak() -> float:
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    """Best fp32 matmul FLOP/s over half a second of 2048^3 products, measured in this run."""
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     a @ b
-    best = 0.0
-    for _ in range(5):
+    best, start = 0.0, time.perf_counter()
+    while time.perf_counter() - start < 0.5:
         t = time.perf_counter()
         a @ b
-        best = max(best, 2 * 1024 ** 3 / (time.perf_counter() - t))
+        best = max(best, 2 * 2048 ** 3 / (time.perf_counter() - t))
     return best
 
 
@@ -50,7 +51,7 @@ def run(scale: str, device: str) -> Outcome:
             "lstm (loop)": ModelConfig(family="lstm", dim=360, n_layers=2),
             "lstm (fused)": ModelConfig(family="lstm", dim=360, n_layers=2, fused=True)}
     peak = _peak()
-    rows, util, tps = [], {k: [] for k in cfgs}, {k: [] for k in cfgs}
+    rows, achieved, tps = [], {k: [] for k in cfgs}, {k: [] for k in cfgs}
     for T in lens:
         for name, cfg in cfgs.items():
             torch.manual_seed(0)
@@ -58,10 +59,14 @@ def run(scale: str, device: str) -> Outcome:
             x = torch.randint(0, 256, (batch, T))
             s = _step_s(model, x, steps)
             flops = 3 * forward_flops(from_model_config(cfg), T, batch=batch)["total"]
-            util[name].append(flops / s / peak)
+            achieved[name].append(flops / s)
             tps[name].append(batch * T / s)
             rows.append({"model": name, "params": count_params(model), "n": T, "step_s": s, "tok_per_s": batch * T / s,
-                         "achieved_flops": flops / s, "share_of_peak": flops / s / peak})
+                         "achieved_flops": flops / s})
+    peak = max(peak, _peak())  # measured before and after the runs: the better of the two is the peak
+    util = {k: [f / peak for f in v] for k, v in achieved.items()}
+    for r in rows:
+        r["share_of_peak"] = r["achieved_flops"] / peak
     ok = all(a > b for a, b in zip(util["transformer"], util["lstm (loop)"]))
     return Outcome(verdict(ok), f"share of matmul peak at n={lens[-1]}: transformer {util['transformer'][-1]:.0%}, "
                    f"LSTM loop {util['lstm (loop)'][-1]:.0%}, fused {util['lstm (fused)'][-1]:.0%}",
@@ -69,4 +74,6 @@ def run(scale: str, device: str) -> Outcome:
                    [Plot("Achieved share of matmul peak (training)", "n (tokens)", "share", [Series(k, lens, v) for k, v in util.items()]),
                     Plot("Training throughput", "n (tokens)", "tokens/s", [Series(k, lens, v) for k, v in tps.items()], log_y=True)],
                    rows, ["A 2-core CPU has little parallelism to sell: wall-clock speed can still favour the fused LSTM "
-                          "(see the throughput plot); utilisation is the claim here."])
+                          "(see the throughput plot); utilisation is the claim here.",
+                          "FLOPs are the analytic count (matmuls only); a fused kernel near or above 100% means the peak "
+                          "calibration (a large square matmul) understates what this machine reaches on LSTM shapes."])

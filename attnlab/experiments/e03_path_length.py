@@ -15,7 +15,8 @@ PREDICTION = ("(a) At initialisation, the gradient of the last position's loss w
               "transformer. (b) With equal parameters and training budget, the transformer's MQAR accuracy is the "
               "highest and does not fall with key-query distance.")
 THRESHOLD = ("Supported if the transformer's far/near gradient ratio is >= 10x every recurrent family's, and its MQAR "
-             "accuracy is >= every other family's.")
+             "accuracy is >= every other family's; inconclusive if no family reaches 50% MQAR accuracy (too little "
+             "training to compare recall).")
 
 FAMILIES = {"transformer": {}, "lstm": dict(family="lstm"), "gru": dict(family="gru"), "rnn": dict(family="rnn"),
             "ssm": dict(family="ssm", pos="none"), "linear": dict(family="linear", pos="none")}
@@ -70,14 +71,16 @@ def run(scale: str, device: str) -> Outcome:
     dists = [d for d in (1, 2, 4, 8, 16, 32, 63, 128, 255) if d < T]
     grads = {name: _grad_profile(kw, T, dists) for name, kw in FAMILIES.items()}
     ratio = {name: g[-1] / max(g[0], 1e-30) for name, g in grads.items()}
-    steps, seq_len, pairs, vocab, dim = (250, 32, 4, 32, 64) if scale == "quick" else (1500, 64, 8, 64, 64)
+    steps, seq_len, pairs, vocab, dim = (200, 32, 4, 32, 64) if scale == "quick" else (1500, 64, 8, 64, 64)
     mq = {name: _mqar(kw, steps, seq_len, pairs, vocab, dim) for name, kw in FAMILIES.items()}
     grad_ok = all(ratio["transformer"] >= 10 * ratio[f] for f in ("rnn", "lstm", "gru"))
     recall_ok = all(mq["transformer"][0] >= mq[f][0] for f in mq)
+    if max(a[0] for a in mq.values()) < 0.5:
+        recall_ok = None  # nobody learned the task: recall cannot be compared
     rows = [{"family": f, "grad_far_over_near": ratio[f], "mqar_acc": mq[f][0], "mqar_acc_near": mq[f][1],
              "mqar_acc_far": mq[f][2]} for f in FAMILIES]
     names = list(FAMILIES)
-    return Outcome(verdict(grad_ok and recall_ok),
+    return Outcome(verdict(None if recall_ok is None and grad_ok else grad_ok and recall_ok),
                    f"gradient far/near: transformer {ratio['transformer']:.2g}, lstm {ratio['lstm']:.2g}, rnn "
                    f"{ratio['rnn']:.2g}; MQAR accuracy transformer {mq['transformer'][0]:.0%}, lstm {mq['lstm'][0]:.0%}",
                    {"grad_norms": grads, "distances": dists, "mqar": mq, "mqar_setup": dict(steps=steps, seq_len=seq_len,

@@ -45,7 +45,7 @@ def _scaled(model, kind, factor):
 
 
 def run(scale: str, device: str) -> Outcome:
-    L, steps = (64, 300) if scale == "quick" else (128, 1500)
+    L, steps = (64, 250) if scale == "quick" else (128, 1500)
     cfg_t = TrainConfig(seq_len=L, batch_size=16, steps=steps, warmup_steps=steps // 10, lr=3e-3, eval_batches=4,
                         corpus_max_bytes=3_000_000)
     task = make_task(cfg_t)

@@ -15,7 +15,7 @@ CLAIM = ("Sliding-window, block-sparse, linear attention and state-space models 
 PREDICTION = ("At long n their time grows with exponents near 1 (block_sparse ~1.5) against ~2 for exact attention; on "
               "MQAR, models with a bounded window or fixed-size state recall less than exact attention at equal budget.")
 THRESHOLD = ("Supported if every remedy's time exponent is below exact attention's and exact attention's MQAR accuracy "
-             "is >= every remedy's.")
+             "is >= every remedy's; inconclusive if no model reaches 50% MQAR accuracy (too little training).")
 
 
 def _times(lens, H=4, D=64):
@@ -42,16 +42,17 @@ def _times(lens, H=4, D=64):
 
 
 def run(scale: str, device: str) -> Outcome:
-    lens = [1024, 2048, 4096] if scale == "quick" else [1024, 2048, 4096, 8192, 16384]
+    lens = [512, 1024, 2048] if scale == "quick" else [1024, 2048, 4096, 8192, 16384]
     times = _times(lens)
     exps = {k: fit_exponent(lens, v) for k, v in times.items()}
     models = {"exact (sdpa)": dict(kernel="sdpa"), "sliding (w=8)": dict(kernel="sliding", window=8),
               "block_sparse": dict(kernel="block_sparse", block_size=6), "linear": dict(family="linear", pos="none"),
               "ssm": dict(family="ssm", pos="none")}
-    steps = 250 if scale == "quick" else 1500
+    steps = 200 if scale == "quick" else 1500
     acc = {name: _mqar(kw, steps, 32, 4, 32, 64)[0] for name, kw in models.items()}
-    ok = all(exps[k] < exps["sdpa"] for k in ("sliding", "block_sparse", "linear", "ssm")) and \
-        all(acc["exact (sdpa)"] >= a for a in acc.values())
+    faster = all(exps[k] < exps["sdpa"] for k in ("sliding", "block_sparse", "linear", "ssm"))
+    recall = all(acc["exact (sdpa)"] >= a for a in acc.values())
+    ok = (faster and recall) if max(acc.values()) >= 0.5 or not faster else None
     rows = [{"method": k, "time_exponent": exps[k], **{f"time_s_{T}": t for T, t in zip(lens, v)}} for k, v in times.items()]
     rows += [{"method": k, "mqar_accuracy": a} for k, a in acc.items()]
     names = list(acc)

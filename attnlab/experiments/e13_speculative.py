@@ -33,10 +33,10 @@ def _train(cfg, task, tc):
 
 
 def run(scale: str, device: str) -> Outcome:
-    steps = 200 if scale == "quick" else 1500
-    tc = TrainConfig(seq_len=128, batch_size=16, steps=steps, warmup_steps=steps // 10, corpus_max_bytes=3_000_000)
+    steps = 150 if scale == "quick" else 1500
+    tc = TrainConfig(seq_len=96, batch_size=16, steps=steps, warmup_steps=steps // 10, corpus_max_bytes=3_000_000)
     task = make_task(tc)
-    target = set_precision(_train(ModelConfig(dim=256, n_layers=6, n_heads=4), task, tc), "fp32")
+    target = set_precision(_train(ModelConfig(dim=192, n_layers=6, n_heads=4), task, tc), "fp32")
     draft = set_precision(_train(ModelConfig(dim=64, n_layers=1, n_heads=2), task, tc), "fp32")
     prompt = task.val_ids[2000:2128].tolist()
     new = 64 if scale == "quick" else 200
@@ -58,5 +58,5 @@ def run(scale: str, device: str) -> Outcome:
                    {"rows": rows, "identical": same}, [
                        Plot("Speedup vs k", "k (draft tokens per round)", "x plain decode", [Series("speedup", ks, speed)]),
                        Plot("Acceptance vs k", "k", "accepted / proposed", [Series("acceptance", ks, acc)])], rows,
-                   [f"Target ~4.7M and draft ~0.05M parameters, both trained {steps} steps on the embedded corpus; "
+                   [f"Target ~2.7M and draft ~0.07M parameters, both trained {steps} steps on the embedded corpus; "
                     "on a CPU the draft's per-token overhead is a large share of the target's cost."])
