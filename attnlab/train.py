@@ -70,6 +70,24 @@ def evaluate(model, batches, device) -> dict:
     return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_acc": correct / max(1, total_tokens)}
 
 
+def train_in_memory(model, batch, cfg: TrainConfig, clip: bool = True):
+    """The plain loop without files: AdamW, the warmup + cosine schedule, clipping. ``batch(step) -> (x, y)``.
+    For experiments that need a briefly trained model and no checkpoint."""
+    optimizer = make_optimizer(model, cfg)
+    model.train()
+    for step in range(cfg.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        x, y = batch(step)
+        loss = lm_loss(model(x)[0], y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if clip and cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+    return model.eval()
+
+
 def _trainer_tensors(model, optimizer) -> dict[str, torch.Tensor]:
     names = {id(p): n for n, p in model.named_parameters()}
     out = {"rng/torch": torch.get_rng_state()}

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from attnlab.checkpoint import commit_files, load_checkpoint, recover, save_checkpoint, verify
+from attnlab.checkpoint import commit_files, load_checkpoint, recover, save_checkpoint
 from attnlab.config import ModelConfig, RunConfig
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.models import build_model

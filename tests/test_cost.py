@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnlab.config import ModelConfig, preset
+from attnlab.config import ModelConfig
 from attnlab.cost import Workload, compare, estimate, resolve
 from attnlab.cost import hardware
 from attnlab.cost.analytic import crossover_tokens, depth, forward_flops, kv_bytes_per_token, params

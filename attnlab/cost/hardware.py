@@ -120,28 +120,27 @@ def calibrate(seconds_budget: float = 3.0) -> Hardware:
 
 
 def _dispatch_overhead_s() -> float:
-    """Fixed cost per dispatched op as attnlab's layers pay it: decode steps of a transformer so narrow
-    (dim 8) that its arithmetic is negligible, timed, divided by the op count the tracer finds in one step."""
-    import statistics
-
+    """Fixed cost per dispatched op as attnlab's engine pays it: decode steps (model forward plus sampling)
+    of a transformer so narrow (dim 8) that its arithmetic is negligible, timed, divided by the ops the
+    tracer counts in one step."""
     import torch
 
     from attnlab.config import ModelConfig
     from attnlab.cost.trace import trace
+    from attnlab.engine.generate import generate
     from attnlab.models import build_model
 
     model = build_model(ModelConfig(dim=8, n_layers=4, n_heads=2, vocab_size=16, max_seq_len=256)).eval()
-    state = model.new_state(1, 256)
-    tok = torch.zeros(1, 1, dtype=torch.long)
+    generate(model, [1] * 8, 20)  # warm-up
+    tpot = min(generate(model, [1] * 8, 60).stats.tpot_s for _ in range(3))
+    state = model.new_state(1, 16)
     with torch.inference_mode():
         model(torch.zeros(1, 8, dtype=torch.long), state)
-        ops = trace(model, tok, state).ops
-        times = []
-        for _ in range(60):
-            t = time.perf_counter()
-            model(tok, state)
-            times.append(time.perf_counter() - t)
-    return statistics.median(times[10:]) / ops
+        ops = trace(model, torch.zeros(1, 1, dtype=torch.long), state).ops + SAMPLING_OPS
+    return tpot / ops
+
+
+SAMPLING_OPS = 3  # greedy sampling per step: argmax, log_softmax, gather (counted by the tracer)
 
 
 def local(refresh: bool = False) -> Hardware:

@@ -5,7 +5,7 @@ from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.synthetic import IGNORE, mqar_batch
 from attnlab.experiments.base import Outcome, Plot, Series, verdict
 from attnlab.models import build_model
-from attnlab.train import lm_loss, lr_at, make_optimizer
+from attnlab.train import train_in_memory
 
 TITLE = "Constant path length"
 CLAIM = ("Self-attention's maximum path length is O(1), a recurrent network's O(n): gradients reach distant inputs "
@@ -41,20 +41,9 @@ def _grad_profile(kw, T, dists):
 def _mqar(kw, steps, seq_len, pairs, vocab, dim):
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=vocab, dim=dim, n_layers=2, n_heads=1 if not kw else 4, max_seq_len=seq_len, **kw)
-    model = build_model(cfg)
     tc = TrainConfig(lr=3e-3, steps=steps, warmup_steps=steps // 10, weight_decay=0.0)
-    opt = make_optimizer(model, tc)
     g = torch.Generator().manual_seed(1)
-    for step in range(steps):
-        for grp in opt.param_groups:
-            grp["lr"] = lr_at(step, tc)
-        x, y = mqar_batch(32, seq_len, vocab, pairs, g)
-        loss = lm_loss(model(x)[0], y)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-    model.eval()
+    model = train_in_memory(build_model(cfg), lambda step: mqar_batch(32, seq_len, vocab, pairs, g), tc)
     x, y, dist = mqar_batch(256, seq_len, vocab, pairs, torch.Generator().manual_seed(99), return_distance=True)
     with torch.no_grad():
         pred = model(x)[0].argmax(-1)

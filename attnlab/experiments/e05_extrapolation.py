@@ -9,7 +9,7 @@ from attnlab.data.tasks import make_task
 from attnlab.experiments.base import Outcome, Plot, Series, verdict
 from attnlab.models import build_model
 from attnlab.models.positional import Rope
-from attnlab.train import evaluate, lm_loss, lr_at, make_optimizer
+from attnlab.train import evaluate, train_in_memory
 
 TITLE = "Extrapolation beyond the training length"
 CLAIM = "Rotary position embeddings extrapolate to longer sequences better than absolute sinusoidal ones (a contested claim)."
@@ -23,18 +23,8 @@ ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi")
 
 def _train(pos, task, cfg_t, L):
     torch.manual_seed(0)
-    model = build_model(ModelConfig(dim=96, n_layers=3, n_heads=4, pos=pos, max_seq_len=L))
-    opt = make_optimizer(model, cfg_t)
-    for step in range(cfg_t.steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg_t)
-        x, y = task.batch(step)
-        loss = lm_loss(model(x)[0], y)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-    return model.eval()
+    return train_in_memory(build_model(ModelConfig(dim=96, n_layers=3, n_heads=4, pos=pos, max_seq_len=L)),
+                           task.batch, cfg_t)
 
 
 def _scaled(model, kind, factor):

@@ -1,7 +1,6 @@
 """Claim 8: the remedies for quadratic cost trade exactness or recall for speed and memory."""
 import torch
 
-from attnlab.data.synthetic import IGNORE
 from attnlab.experiments.base import Outcome, Plot, Series, fit_exponent, median_time, verdict
 from attnlab.experiments.e03_path_length import _mqar
 from attnlab.models.attention import KERNELS

@@ -8,7 +8,7 @@ from attnlab.engine.quantize import set_precision
 from attnlab.engine.speculative import speculative_generate
 from attnlab.experiments.base import Outcome, Plot, Series, verdict
 from attnlab.models import build_model
-from attnlab.train import lm_loss, lr_at, make_optimizer
+from attnlab.train import train_in_memory
 
 TITLE = "Speculative decoding"
 CLAIM = "A small draft proposing k tokens that the target verifies in one parallel pass speeds up decoding, with identical greedy output."
@@ -19,17 +19,7 @@ THRESHOLD = "Supported if outputs are identical at every k and the best speedup 
 
 def _train(cfg, task, tc):
     torch.manual_seed(0)
-    model = build_model(cfg)
-    opt = make_optimizer(model, tc)
-    for step in range(tc.steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, tc)
-        x, y = task.batch(step)
-        loss = lm_loss(model(x)[0], y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model.eval()
+    return train_in_memory(build_model(cfg), task.batch, tc)
 
 
 def run(scale: str, device: str) -> Outcome:

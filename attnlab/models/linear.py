@@ -17,42 +17,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.models.state import FixedState
+
 
 def phi(x: torch.Tensor) -> torch.Tensor:
     return F.elu(x) + 1
 
 
 @dataclass
-class LinearState:
+class LinearState(FixedState):
     S: torch.Tensor  # (L, B, H, D, D) running sum of phi(k) v^T
     z: torch.Tensor  # (L, B, H, D) running sum of phi(k)
     pos: int = 0
     pad: torch.Tensor | None = None
 
-    @property
-    def nbytes(self) -> int:
-        return self.S.numel() * self.S.element_size() + self.z.numel() * self.z.element_size()
-
-    bytes_per_token = property(lambda self: 0)
-    used_bytes = property(lambda self: self.nbytes)
-
-    def advance(self, n: int) -> None:
-        self.pos += n
-
-    def positions(self, T: int, device) -> torch.Tensor:
-        slots = torch.arange(self.pos, self.pos + T, device=device)
-        return slots if self.pad is None else (slots[None, :] - self.pad[:, None]).clamp(min=0)
-
-    def rollback(self, pos: int) -> None:
-        from attnlab.errors import AttnlabError
-
-        if pos != self.pos:
-            raise AttnlabError(f"a linear-attention state at {self.pos} cannot roll back to {pos}")
-
-    def reset(self) -> None:
-        self.pos, self.pad = 0, None
-        self.S.zero_()
-        self.z.zero_()
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.S, self.z]
 
 
 def linear_parallel(q, k, v, S0, z0, chunk: int, eps: float = 1e-6):

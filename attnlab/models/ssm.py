@@ -20,33 +20,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.models.state import FixedState
+
 
 @dataclass
-class SSMState:
+class SSMState(FixedState):
     h: torch.Tensor  # (L, B, E, N)
     pos: int = 0
     pad: torch.Tensor | None = None
 
-    nbytes = property(lambda self: self.h.numel() * self.h.element_size())
-    bytes_per_token = property(lambda self: 0)
-    used_bytes = property(lambda self: self.nbytes)
-
-    def advance(self, n: int) -> None:
-        self.pos += n
-
-    def positions(self, T: int, device) -> torch.Tensor:
-        slots = torch.arange(self.pos, self.pos + T, device=device)
-        return slots if self.pad is None else (slots[None, :] - self.pad[:, None]).clamp(min=0)
-
-    def rollback(self, pos: int) -> None:
-        from attnlab.errors import AttnlabError
-
-        if pos != self.pos:
-            raise AttnlabError(f"an SSM state at {self.pos} cannot roll back to {pos}")
-
-    def reset(self) -> None:
-        self.pos, self.pad = 0, None
-        self.h.zero_()
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.h]
 
 
 def scan_sequential(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor):

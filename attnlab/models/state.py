@@ -89,6 +89,45 @@ class KVCache:
         self.pad = None
 
 
+class FixedState:
+    """Bookkeeping shared by states whose size does not grow (recurrent, linear attention, SSM):
+    they cannot forget, so they roll back only to where they are (or to 0 by resetting)."""
+
+    pos: int
+    pad: torch.Tensor | None
+
+    bytes_per_token = property(lambda self: 0)  # constant: the state does not grow with the context
+    used_bytes = property(lambda self: self.nbytes)
+
+    def advance(self, n: int) -> None:
+        self.pos += n
+
+    def positions(self, T: int, device) -> torch.Tensor:
+        slots = torch.arange(self.pos, self.pos + T, device=device)
+        return slots if self.pad is None else (slots[None, :] - self.pad[:, None]).clamp(min=0)
+
+    def rollback(self, pos: int) -> None:
+        if pos == self.pos:
+            return
+        if pos == 0:
+            self.reset()
+            return
+        raise AttnlabError(f"a {type(self).__name__} at position {self.pos} cannot roll back to {pos}: it keeps no "
+                           "history; clone it before the tokens you may want to undo")
+
+    def reset(self) -> None:
+        self.pos, self.pad = 0, None
+        for t in self.tensors():
+            t.zero_()
+
+    def tensors(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
 @dataclass
 class RollingKVCache:
     """Sliding-window cache: exactly `window` slots per layer, position p stored in slot p % window.
@@ -169,7 +208,7 @@ class RollingKVCache:
 
 
 @dataclass
-class RecurrentState:
+class RecurrentState(FixedState):
     """Hidden vectors (L, B, dim) (and the LSTM's cell vectors): the same bytes at any context length."""
 
     h: torch.Tensor
@@ -177,38 +216,9 @@ class RecurrentState:
     pos: int = 0
     pad: torch.Tensor | None = None  # (B,) left-padding slots: the state does not change on them
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.h, self.c) if t is not None)
-
-    @property
-    def bytes_per_token(self) -> int:
-        return 0  # the state does not grow with the context
-
-    @property
-    def used_bytes(self) -> int:
-        return self.nbytes
-
-    def advance(self, n: int) -> None:
-        self.pos += n
-
-    def rollback(self, pos: int) -> None:
-        """A recurrent state cannot forget: it only rolls back to where it already is (or to 0)."""
-        if pos == self.pos:
-            return
-        if pos == 0:
-            self.reset()
-            return
-        raise AttnlabError(f"a recurrent state at position {self.pos} cannot roll back to {pos}: it keeps no "
-                           "history; snapshot it with clone() before the tokens you may want to undo")
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.h, self.c) if t is not None]
 
     def clone(self) -> "RecurrentState":
         return RecurrentState(h=self.h.clone(), c=None if self.c is None else self.c.clone(), pos=self.pos,
                               pad=self.pad)
-
-    def reset(self) -> None:
-        self.pos = 0
-        self.pad = None
-        self.h.zero_()
-        if self.c is not None:
-            self.c.zero_()

@@ -1,0 +1,239 @@
+"""The measuring subcommands: ``cost``, ``trace``, ``bench`` and ``report`` (argparse + a call into the library)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from attnlab.errors import AttnlabError
+
+
+def _set_threads(n):
+    from attnlab.cli import _set_threads as set_threads
+
+    set_threads(n)
+
+
+def _fmt(n: float, unit: str = "") -> str:
+    for div, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {suffix}{unit}"
+    return f"{n:.0f} {unit}".rstrip()
+
+
+def cmd_cost(args) -> int:
+    from attnlab.cost import Workload, compare, estimate, resolve
+    from attnlab.cost import hardware
+
+    _set_threads(args.threads)
+    if args.validate:
+        from attnlab.cost.validate import validate
+
+        rows = validate(refresh=args.refresh)
+        if args.json:
+            print(json.dumps([{k: r[k] for k in ("model", "params", "phase", "predicted_s", "measured_s", "error",
+                                                 "ops")} for r in rows]))
+        else:
+            print(f"{'model':14s} {'phase':8s} {'predicted':>12s} {'measured':>12s} {'error':>8s}")
+            for r in rows:
+                print(f"{r['model']:14s} {r['phase']:8s} {r['predicted_s'] * 1e3:10.2f}ms {r['measured_s'] * 1e3:10.2f}ms "
+                      f"{r['error']:+8.1%}")
+            print(f"local spec: {rows[0]['hardware']['source']}")
+        return 0
+    if args.model is None:
+        raise AttnlabError("give a MODEL (preset, checkpoint folder or config.json), or --validate")
+    arch = resolve(args.model)
+    if args.compare:
+        short, long = args.compare
+        res = compare(arch, short, long, args.dtype)
+        if args.json:
+            print(json.dumps(res))
+        else:
+            print(f"{arch.name}: prefill FLOPs from {short:,} to {long:,} tokens")
+            for part, v in res["parts"].items():
+                print(f"  {part:22s} {_fmt(v['short_flops'], 'FLOP'):>14s} -> {_fmt(v['long_flops'], 'FLOP'):>14s}  "
+                      f"x{v['factor']:,.1f}")
+        return 0
+    hw = hardware.get(args.hardware, refresh=args.refresh)
+    res = estimate(arch, Workload(args.prompt_tokens, args.output_tokens, args.batch, args.dtype), hw,
+                   allow_beyond_context=args.allow_beyond_context,
+                   memory_budget=args.memory_gb * 1e9 if args.memory_gb else None)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(f"{arch.name} on {hw.name} ({args.dtype}, batch {args.batch}): {res['params']:,} parameters")
+    print(f"  {'part':22s} {'prefill':>14s} {'decode/token':>14s}")
+    for part in ("qkv_out_projections", "attention", "mlp", "lm_head", "total"):
+        print(f"  {part:22s} {_fmt(res['prefill_flops_by_part'][part], 'FLOP'):>14s} "
+              f"{_fmt(res['decode_flops_by_part'][part], 'FLOP'):>14s}")
+    print(f"  bytes moved            {_fmt(res['prefill_bytes']['total'], 'B'):>14s} "
+          f"{_fmt(res['decode_bytes_per_token']['total'], 'B'):>14s}")
+    print(f"  bound by               {res['prefill_bound']:>14s} {res['decode_bound']:>14s}")
+    print(f"time to first token {res['ttft_s'] * 1e3:,.1f} ms; time per output token {res['tpot_s'] * 1e3:,.2f} ms "
+          f"({res['decode_tok_per_s']:,.1f} tok/s); an output token costs {res['output_over_input_cost']:,.0f}x "
+          "an input token")
+    print(f"KV cache {_fmt(res['kv_cache_bytes_per_token'], 'B')}/token, {_fmt(res['kv_cache_bytes'], 'B')} in total; "
+          f"memory {_fmt(res['memory_bytes'], 'B')}; longest context in {_fmt(args.memory_gb * 1e9 if args.memory_gb else hw.memory_bytes, 'B')}: "
+          f"{res['max_context_tokens']:,} tokens")
+    print(f"attention overtakes the MLP at {res['attention_mlp_crossover_tokens']:,.0f} tokens; sequential depth "
+          f"{res['depth']['prefill']} layer steps for the prompt, {res['depth']['decode_all_outputs']:,} for the outputs")
+    return 0
+
+
+def cmd_trace(args) -> int:
+    import torch
+
+    from attnlab.config import ModelConfig, PRESETS, preset
+    from attnlab.cost.trace import trace
+    from attnlab.models import build_model
+
+    _set_threads(args.threads)
+    if args.seq_len <= 0:
+        raise AttnlabError(f"--seq-len {args.seq_len} must be > 0")
+    if args.model is None and args.family is None:
+        raise AttnlabError("give a MODEL or --family F")
+    if args.model is not None:
+        path = Path(args.model)
+        if args.model in PRESETS:
+            cfg = preset(args.model)
+        elif path.is_dir() or path.suffix == ".json":
+            from attnlab.models.hf import config_from_hf
+            from attnlab.config import RunConfig
+
+            cfg_path = path / "config.json" if path.is_dir() else path
+            data = json.loads(cfg_path.read_text())
+            cfg = config_from_hf(data, str(cfg_path)) if "model_type" in data else RunConfig.from_dict(data).model
+        else:
+            from attnlab.cost.arch import PRESETS as COST_PRESETS
+            from attnlab.models.hf import config_from_hf
+
+            if args.model not in COST_PRESETS:
+                raise AttnlabError(f"unknown model {args.model!r}; presets: {', '.join(list(PRESETS) + list(COST_PRESETS))}")
+            cfg = config_from_hf(COST_PRESETS[args.model], args.model)
+    else:
+        cfg = ModelConfig(family=args.family, dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads,
+                          kernel=args.kernel, max_seq_len=max(args.seq_len, 1024))
+    if not cfg.is_recurrent and cfg.pos == "learned" and args.seq_len > cfg.max_seq_len:
+        raise AttnlabError(f"--seq-len {args.seq_len} is above the model's context {cfg.max_seq_len}")
+    with torch.device("meta"):  # shapes only: any size traces without memory
+        model = build_model(cfg, device="meta")
+    res = trace(model, torch.zeros(1, args.seq_len, dtype=torch.long, device="meta"))
+    out = {"family": cfg.family, "seq_len": args.seq_len, **res.to_dict()}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{cfg.family} at T={args.seq_len}: work {res.flops:,} FLOPs in {res.ops:,} ops; depth {res.depth:,} "
+              "dependent ops")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from attnlab.bench import bench_attention, growth_exponent
+
+    _set_threads(args.threads)
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    try:
+        lens = [int(x) for x in args.seq_lens.split(",") if x.strip()]
+    except ValueError:
+        raise AttnlabError(f"--seq-lens {args.seq_lens!r} must be comma-separated integers, e.g. 1024,4096") from None
+    show = None if args.json else (lambda r: print(
+        f"{r['kernel']:13s} T={r['seq_len']:>6d}  " + (f"{r['time_s'] * 1e3:10.1f} ms  {r['peak_bytes'] / 2**20:9.1f} MiB"
+                                                      if r["status"] == "ok" else r["status"]), flush=True))
+    rows = bench_attention(kernels, lens, args.heads, args.head_dim, args.repeats, args.budget_gb * 2**30,
+                           args.dtype, args.threads, progress=show)
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        for k in kernels:
+            e = growth_exponent(rows, k)
+            if e is not None:
+                print(f"{k}: time grows as T^{e:.2f}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from attnlab.report import load_results, run_report, write_report
+
+    _set_threads(args.threads)
+    if args.from_json:
+        results = load_results(args.from_json)
+    else:
+        only = None
+        if args.only:
+            try:
+                only = [int(x) for x in args.only.split(",") if x.strip()]
+            except ValueError:
+                raise AttnlabError(f"--only {args.only!r} must be claim numbers, e.g. 1,4,10") from None
+        if args.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise AttnlabError("--device cuda but torch sees no CUDA device; use --device cpu")
+
+        def progress(exp, entry):
+            if entry is None:
+                print(f"[{exp.id:2d}] {exp.title} ...", file=sys.stderr, flush=True)
+            else:
+                print(f"     {entry['verdict']}: {entry['figure']} ({entry['elapsed_s']:.1f} s)", file=sys.stderr, flush=True)
+
+        results = run_report(args.scale, only, args.device, progress)
+    page = write_report(results, args.out)
+    print(f"{len(results['claims'])} claims -> {page} (and results.json)")
+    for c in results["claims"]:
+        print(f"  {c['id']:2d}. {c['title']:45s} {c['verdict']:14s} {c['figure']}")
+    return 0
+
+
+def add_measure_commands(sub) -> None:
+    from attnlab.cost.hardware import ALIASES, NAMES
+
+    p = sub.add_parser("cost", help="predicted FLOPs, bytes, KV cache, memory and latency of a prompt")
+    p.add_argument("model", nargs="?", help="preset, checkpoint folder, or config.json")
+    p.add_argument("--prompt-tokens", type=int, default=1024)
+    p.add_argument("--output-tokens", type=int, default=256)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16", "int8"))
+    p.add_argument("--hardware", default="h100-sxm", choices=list(NAMES) + list(ALIASES))
+    p.add_argument("--memory-gb", type=float, help="memory budget for the longest-context figure")
+    p.add_argument("--allow-beyond-context", action="store_true")
+    p.add_argument("--compare", nargs=2, type=int, metavar=("SHORT", "LONG"), help="growth of each part")
+    p.add_argument("--validate", action="store_true", help="predicted vs measured on this machine")
+    p.add_argument("--refresh", action="store_true", help="re-measure the local hardware spec")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_cost)
+
+    p = sub.add_parser("trace", help="measured work (FLOPs) and depth (dependent ops) of one forward")
+    p.add_argument("model", nargs="?", help="preset, checkpoint folder or config.json")
+    p.add_argument("--family", choices=("transformer", "rnn", "lstm", "gru"))
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--n-layers", type=int, default=2)
+    p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--kernel", default="sdpa")
+    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("bench", help="benchmarks: `attnlab bench attention` times every kernel")
+    p.add_argument("what", choices=("attention",))
+    p.add_argument("--kernels", default="naive,sdpa,flash,sliding,block_sparse,linear,ssm")
+    p.add_argument("--seq-lens", default="1024,4096")
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--budget-gb", type=float, default=16.0, help="skip configurations predicted to need more")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--threads", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("report", help="run every claim's experiment; write index.html and results.json")
+    p.add_argument("--scale", default="quick", choices=("quick", "full"))
+    p.add_argument("--only", help="claim numbers, e.g. 1,4,10")
+    p.add_argument("--out", default="runs/report")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--from", dest="from_json", help="re-render from a results.json")
+    p.add_argument("--threads", type=int)
+    p.set_defaults(func=cmd_report)
+
