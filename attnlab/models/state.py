@@ -14,6 +14,13 @@ import torch
 from attnlab.errors import AttnlabError
 
 
+def _kv_buffers(n_layers: int, shape: tuple, dtype, device):
+    """Per-layer key and value buffers of `shape`. Empty, not zeros: every slot is written before it is read
+    (a linear cache reads only slots below pos; a ring reads only the slots it has filled)."""
+    return ([torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+            [torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)])
+
+
 @dataclass
 class KVCache:
     """Per layer, keys and values of shape (B, Hkv, max_len, D), allocated once and written by index."""
@@ -25,10 +32,7 @@ class KVCache:
 
     @classmethod
     def allocate(cls, n_layers, batch_size, n_kv_heads, max_len, head_dim, dtype=torch.float32, device="cpu"):
-        shape = (batch_size, n_kv_heads, max_len, head_dim)
-        # empty, not zeros: slots are always written before they are read (reads stop at pos)
-        return cls(k=[torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)],
-                   v=[torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)])
+        return cls(*_kv_buffers(n_layers, (batch_size, n_kv_heads, max_len, head_dim), dtype, device))
 
     @property
     def max_len(self) -> int:
@@ -144,9 +148,7 @@ class RollingKVCache:
 
     @classmethod
     def allocate(cls, n_layers, batch_size, n_kv_heads, window, head_dim, dtype=torch.float32, device="cpu"):
-        shape = (batch_size, n_kv_heads, window, head_dim)
-        return cls(k=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
-                   v=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)])
+        return cls(*_kv_buffers(n_layers, (batch_size, n_kv_heads, window, head_dim), dtype, device))
 
     @property
     def window(self) -> int:
