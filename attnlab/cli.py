@@ -58,7 +58,7 @@ def _train_config(args):
     fields = {}
     for name in ("task", "data", "tokenizer", "bpe_vocab_size", "synth_vocab", "n_pairs", "steps", "batch_size",
                  "seq_len", "lr", "warmup_steps", "seed", "device", "save_every", "eval_every", "log_every",
-                 "grad_clip"):
+                 "grad_clip", "distill_from", "distill_weight", "distill_temperature"):
         val = getattr(args, name)
         if val is not None:
             fields[name] = val
@@ -134,7 +134,8 @@ def cmd_generate(args) -> int:
     if args.draft or args.prompt_lookup:
         draft = set_precision(load_any(args.draft).model, args.dtype) if args.draft else None
         out = speculative_generate(model, ids, args.max_new_tokens, k=args.k, draft=draft,
-                                   prompt_lookup=args.prompt_lookup, params=params, **common)
+                                   prompt_lookup=args.prompt_lookup, params=params,
+                                   lookup_ngram=(args.lookup_min_ngram, args.lookup_max_ngram), **common)
     elif args.stream:
         from attnlab.engine.engine import Engine
 
@@ -266,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr", type=float)
     g.add_argument("--warmup-steps", type=int)
     g.add_argument("--grad-clip", type=float)
+    g.add_argument("--distill-from", metavar="TEACHER",
+                   help="checkpoint or Hugging Face folder to imitate (KL to its next-token distributions), e.g. "
+                        "to make a speculative-decoding draft for it; needs the same tokenizer")
+    g.add_argument("--distill-weight", type=float, help="w in (1-w)*cross-entropy + w*KL (default 1)")
+    g.add_argument("--distill-temperature", type=float,
+                   help="teacher temperature (default 1; below 1 sharpens it towards its argmax)")
     g.add_argument("--seed", type=int)
     g.add_argument("--device", choices=("cpu", "cuda"))
     g.add_argument("--out", required=True, help="checkpoint folder (config.json, model.safetensors, metrics.jsonl)")
@@ -294,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", help="draft model folder for speculative decoding")
     p.add_argument("--prompt-lookup", action="store_true", help="speculative decoding with n-gram prompt lookup")
     p.add_argument("--k", type=int, default=4, help="draft tokens per speculative round")
+    p.add_argument("--lookup-min-ngram", type=int, default=2,
+                   help="prompt lookup proposes only after matching at least this many trailing tokens")
+    p.add_argument("--lookup-max-ngram", type=int, default=4, help="longest trailing n-gram prompt lookup matches")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix for every token")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "int8"),
                    help="weights: fp32, bf16, or int8 weight-only (bf16 activations)")

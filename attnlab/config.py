@@ -159,6 +159,13 @@ class TrainConfig:
     eval_every: int = 100
     eval_batches: int = 8
     save_every: int = 100  # 0 -> only at the end
+    # Knowledge distillation: a checkpoint (or Hugging Face folder) whose next-token distributions the model
+    # learns to match, e.g. a speculative-decoding draft imitating its target. Loss = (1 - w) * cross-entropy
+    # on the data + w * KL(teacher || student), w = distill_weight. distill_temperature < 1 sharpens the
+    # teacher towards its argmax (what a greedy draft must match).
+    distill_from: str | None = None
+    distill_weight: float = 1.0
+    distill_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         _choice("task", self.task, TASKS)
@@ -173,6 +180,10 @@ class TrainConfig:
             raise ConfigError(f"lr={self.lr!r} must be > 0")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio={self.min_lr_ratio!r} must be in [0, 1]")
+        if not 0 <= self.distill_weight <= 1:
+            raise ConfigError(f"distill_weight={self.distill_weight!r} must be in [0, 1]")
+        if not self.distill_temperature > 0:
+            raise ConfigError(f"distill_temperature={self.distill_temperature!r} must be > 0")
         if self.bpe_vocab_size < 257 and self.tokenizer == "bpe":
             raise ConfigError(f"bpe_vocab_size={self.bpe_vocab_size} must be at least 257 (256 bytes + merges)")
 

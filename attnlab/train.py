@@ -51,12 +51,48 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE)
 
 
+def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor,
+                 weight: float = 1.0, temperature: float = 1.0) -> torch.Tensor:
+    """(1 - weight) * cross-entropy on the data + weight * KL(teacher || student), per target position.
+
+    Forward KL (Hinton et al. 2015) pulls the student's mass onto every token the teacher likes, which is
+    what raises a draft's acceptance rate min(1, p/q) in speculative decoding. The teacher's distribution
+    is taken at ``temperature``: below 1 it sharpens towards the teacher's argmax, which is all a greedy
+    draft is checked against."""
+    mask = targets != IGNORE
+    log_q = F.log_softmax(logits.float(), dim=-1)[mask]  # (N, V) over target positions
+    log_p = F.log_softmax(teacher_logits.float() / temperature, dim=-1)[mask]
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+    return kl if weight == 1.0 else (1 - weight) * lm_loss(logits, targets) + weight * kl
+
+
+def load_teacher(path: str, task, device) -> torch.nn.Module:
+    """The frozen model to imitate; its vocabulary (and tokenizer, for text) must be the student's."""
+    from attnlab.loading import load_any
+
+    teacher = load_any(path, device=str(device))
+    vocab = teacher.model.cfg.vocab_size
+    if vocab != task.vocab_size:
+        raise ConfigError(f"--distill-from {path}: the teacher's vocabulary ({vocab}) differs from this run's "
+                          f"({task.vocab_size}); train with the teacher's tokenizer")
+    if not task.synthetic and teacher.tokenizer is not None:
+        probe = "def f(x):\n    return x  # é"
+        if teacher.tokenizer.encode(probe) != task.tokenizer.encode(probe):
+            raise ConfigError(f"--distill-from {path}: the teacher's tokenizer ({teacher.tokenizer.name}) splits text "
+                              f"differently from this run's ({task.tokenizer.name}); use the same tokenizer")
+    model = teacher.model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
 @torch.no_grad()
-def evaluate(model, batches, device) -> dict:
-    """Mean held-out loss over all target tokens; accuracy over the positions that have a target."""
+def evaluate(model, batches, device, teacher=None) -> dict:
+    """Mean held-out loss over all target tokens; accuracy over the positions that have a target; with a
+    teacher, how often the two models' most likely next tokens agree (a greedy draft's acceptance rate)."""
     was_training = model.training
     model.eval()
-    total_loss, total_tokens, correct = 0.0, 0, 0
+    total_loss, total_tokens, correct, agree = 0.0, 0, 0, 0
     for x, y in batches:
         x, y = x.to(device), y.to(device)
         logits, _ = model(x)
@@ -64,10 +100,15 @@ def evaluate(model, batches, device) -> dict:
         n = int(mask.sum())
         total_loss += float(lm_loss(logits, y)) * n
         correct += int(((logits.argmax(-1) == y) & mask).sum())
+        if teacher is not None:
+            agree += int(((logits.argmax(-1) == teacher(x)[0].argmax(-1)) & mask).sum())
         total_tokens += n
     model.train(was_training)
     loss = total_loss / max(1, total_tokens)
-    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_acc": correct / max(1, total_tokens)}
+    out = {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_acc": correct / max(1, total_tokens)}
+    if teacher is not None:
+        out["teacher_agreement"] = agree / max(1, total_tokens)
+    return out
 
 
 def train_in_memory(model, batch, cfg: TrainConfig, clip: bool = True):
@@ -165,6 +206,7 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, r
         raise ConfigError(f"seq_len={train_cfg.seq_len} is above the learned positional table's size "
                           f"max_seq_len={model_cfg.max_seq_len}; raise --max-seq-len or shorten --seq-len")
     model = build_model(model_cfg, device)
+    teacher = load_teacher(train_cfg.distill_from, task, device) if train_cfg.distill_from else None
     optimizer = make_optimizer(model, train_cfg)
     run_cfg = RunConfig(model=model_cfg, train=train_cfg, tokenizer="byte" if task.synthetic else task.tokenizer.name,
                         extra={"data": task.info, "torch": torch.__version__, "params": count_params(model)})
@@ -205,7 +247,13 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, r
                 group["lr"] = lr
             x, y = task.batch(step)
             logits, _ = model(x.to(device))
-            loss = lm_loss(logits, y.to(device))
+            if teacher is None:
+                loss = lm_loss(logits, y.to(device))
+            else:
+                with torch.no_grad():
+                    teacher_logits, _ = teacher(x.to(device))
+                loss = distill_loss(logits, teacher_logits, y.to(device), train_cfg.distill_weight,
+                                    train_cfg.distill_temperature)
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
                     f"loss became {loss.item()} at step {step + 1}; stopped, and the last good checkpoint "
@@ -227,7 +275,7 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, r
                 if bar is not None:
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tok_per_s']:.0f}")
             if done % train_cfg.eval_every == 0 or done == train_cfg.steps:
-                ev = evaluate(model, eval_batches, device)
+                ev = evaluate(model, eval_batches, device, teacher)
                 log.write(json.dumps({"step": done, **ev}) + "\n")
                 log.flush()
                 summary.update(ev)

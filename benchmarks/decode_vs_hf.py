@@ -114,13 +114,12 @@ def trained_section(args) -> dict:
 
     from attnlab.config import TrainConfig
     from attnlab.data.tasks import make_task
-    from attnlab.engine.speculative import speculative_generate
     from attnlab.loading import load_any
     from attnlab.train import evaluate
 
     target_dir, draft_dir = Path(args.target), Path(args.draft)
     if not (target_dir / "manifest.json").exists() or not (draft_dir / "manifest.json").exists():
-        return {"skipped": f"train {target_dir} and {draft_dir} first (see benchmarks/README.md)"}
+        return {"skipped": f"build {target_dir} and {draft_dir} first: python benchmarks/spec_models.py"}
     target, draft = load_any(target_dir), load_any(draft_dir)
     n_target = sum(p.numel() for p in target.model.parameters())  # before prepacking hides the matrices
     n_draft = sum(p.numel() for p in draft.model.parameters())
@@ -132,41 +131,49 @@ def trained_section(args) -> dict:
         quality[dt] = evaluate(m, batches, "cpu")["val_loss"]
     for dt in ("bf16", "int8"):
         quality[f"{dt}_relative_change"] = quality[dt] / quality["fp32"] - 1
-    tm = set_precision(target.model, "fp32")
-    dm = set_precision(draft.model, "fp32")
     val = task.val_ids.tolist()
-    prompts = [val[i:i + 200] for i in (1000, 20000, 40000)]
-    spec = {}
-    for k in (2, 3, 4, 6):
-        plain_t, spec_t, acc, same = [], [], [], True
-        for p in prompts:
-            for _ in range(2):
-                a = generate(tm, p, args.spec_tokens)
-                b = speculative_generate(tm, p, args.spec_tokens, k=k, draft=dm)
-                plain_t.append(a.stats.total_s)
-                spec_t.append(b.stats.total_s)
-                acc.append(b.stats.accepted)
-                same &= a.tokens == b.tokens
-        spec[f"draft_k{k}"] = {"speedup": statistics.median(plain_t) / statistics.median(spec_t),
-                               "acceptance": statistics.mean(acc), "identical_greedy_output": same}
+    prompts = [val[s:s + 200] for s in range(1000, 1000 + 8 * 9000, 9000)]  # 8 held-out code windows
     rep = val[5000:5150] * 2  # a repetitive prompt: the same code twice
-    plain_t, spec_t, acc, same = [], [], [], True
-    for _ in range(3):
-        a = generate(tm, rep, args.spec_tokens)
-        b = speculative_generate(tm, rep, args.spec_tokens, k=8, prompt_lookup=True)
-        plain_t.append(a.stats.total_s)
-        spec_t.append(b.stats.total_s)
-        acc.append(b.stats.accepted)
-        same &= a.tokens == b.tokens
-    spec["prompt_lookup_k8_repetitive"] = {"speedup": statistics.median(plain_t) / statistics.median(spec_t),
-                                           "acceptance": statistics.mean(acc), "identical_greedy_output": same}
-    best = max(v["speedup"] for k, v in spec.items() if k.startswith("draft"))
-    return {"target_params": n_target, "draft_params": n_draft,
-            "held_out_loss": quality, "speculative": spec,
+    spec = {}
+    for dt in ("fp32", "bf16"):  # the same precision for the target in plain and speculative decoding
+        tm = set_precision(copy.deepcopy(target.model), dt)
+        dm = set_precision(copy.deepcopy(draft.model), "fp32")  # small matrices: fp32 is the faster path
+        for k in (3, 4, 5, 6):
+            spec[f"{dt}_draft_k{k}"] = _spec_runs(tm, prompts, args.spec_tokens, dict(k=k, draft=dm))
+        for lo, hi in ((2, 4), (3, 8)):
+            for k in (4, 8):
+                spec[f"{dt}_lookup_ngram{lo}-{hi}_k{k}_repetitive"] = _spec_runs(
+                    tm, [rep], args.spec_tokens, dict(k=k, prompt_lookup=True, lookup_ngram=(lo, hi)), rounds=3)
+    best_draft = max((v["speedup"], name) for name, v in spec.items() if "_draft_" in name)
+    best_lookup = max((v["speedup"], name) for name, v in spec.items() if "_lookup_" in name)
+    return {"target_params": n_target, "draft_params": n_draft, "held_out_loss": quality, "speculative": spec,
+            "best_draft": best_draft[1], "best_lookup": best_lookup[1],
             "targets": {"bf16_loss_change_le_1pct": abs(quality["bf16_relative_change"]) <= 0.01,
                         "int8_loss_change_le_1pct": abs(quality["int8_relative_change"]) <= 0.01,
-                        "speculative_draft_ge_1.5x": best >= 1.5,
-                        "prompt_lookup_ge_1.5x": spec["prompt_lookup_k8_repetitive"]["speedup"] >= 1.5}}
+                        "speculative_draft_ge_1.5x": best_draft[0] >= 1.5,
+                        "prompt_lookup_ge_1.5x": best_lookup[0] >= 1.5,
+                        "greedy_output_identical": all(v["identical_greedy_output"] for v in spec.values())}}
+
+
+def _spec_runs(target, prompts, n: int, how: dict, rounds: int = 1) -> dict:
+    """Plain greedy decode and speculative decode of the same target, interleaved per prompt; speedup =
+    total plain time / total speculative time; acceptance = accepted / proposed drafts."""
+    from attnlab.engine.speculative import speculative_generate
+
+    plain_s, spec_s, accepted, proposed, same = 0.0, 0.0, 0, 0, True
+    for _ in range(rounds):
+        for p in prompts:
+            a = generate(target, p, n)
+            b = speculative_generate(target, p, n, **how)
+            plain_s += a.stats.total_s
+            spec_s += b.stats.total_s
+            accepted += round(b.stats.accepted * b.stats.proposed)
+            proposed += b.stats.proposed
+            same &= a.tokens == b.tokens
+    return {"speedup": plain_s / spec_s, "acceptance": accepted / max(1, proposed),
+            "plain_ms_per_token": 1e3 * plain_s / (n * len(prompts) * rounds),
+            "speculative_ms_per_token": 1e3 * spec_s / (n * len(prompts) * rounds),
+            "identical_greedy_output": same}
 
 
 def main() -> None:
@@ -178,27 +185,50 @@ def main() -> None:
     ap.add_argument("--target", default="benchmarks/cache/spec-target")
     ap.add_argument("--draft", default="benchmarks/cache/spec-draft")
     ap.add_argument("--skip-trained", action="store_true")
+    ap.add_argument("--skip-gpt2", action="store_true", help="only the trained-model section (quality, speculative)")
     ap.add_argument("--out", default="benchmarks/results/decode_vs_hf.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
-    peak0, bw0 = matmul_peak_flops(), memory_bandwidth()
-    gpt2 = gpt2_section(args, peak0, bw0)
-    peak1, bw1 = matmul_peak_flops(), memory_bandwidth()
     out = {"benchmark": "decode_vs_hf", "context": context(), "batch": 1, "prompt_tokens": 512,
-           "new_tokens": args.new_tokens, "calibration": {"matmul_peak_flops": [peak0, peak1],
-                                                          "bandwidth_bytes_per_s": [bw0, bw1]},
-           "gpt2_small": gpt2}
+           "new_tokens": args.new_tokens}
+    if not args.skip_gpt2:
+        peak0, bw0 = matmul_peak_flops(), memory_bandwidth()
+        g = out["gpt2_small"] = gpt2_section(args, peak0, bw0)
+        peak1, bw1 = matmul_peak_flops(), memory_bandwidth()
+        out["calibration"] = {"matmul_peak_flops": [peak0, peak1], "bandwidth_bytes_per_s": [bw0, bw1]}
+        print(f"decode tok/s: HF fp32 {g['decode_hf_fp32']['tok_per_s']:.1f} | attnlab fp32 "
+              f"{g['decode_fp32']['tok_per_s']:.1f} ({g['decode_fp32']['speedup_vs_hf_fp32']:.2f}x), bf16 "
+              f"{g['decode_bf16']['speedup_vs_hf_fp32']:.2f}x, int8 {g['decode_int8']['speedup_vs_hf_fp32']:.2f}x")
+        print(f"ttft 512: {g['ttft_512']['attnlab_s']:.3f} s vs HF {g['ttft_512']['hf_s']:.3f} s; 1024: "
+              f"{g['ttft_1024']['attnlab_s']:.3f} vs {g['ttft_1024']['hf_s']:.3f}")
+        print("targets:", g["targets"])
     if not args.skip_trained:
-        out["trained"] = trained_section(args)
+        t = out["trained"] = trained_section(args)
+        for name, v in t.get("speculative", {}).items():
+            print(f"{name}: speedup {v['speedup']:.2f}x, acceptance {v['acceptance']:.2f}, "
+                  f"identical {v['identical_greedy_output']}")
+        print("targets:", t.get("targets", t))
+    _keep_skipped_sections(args.out, out)
     write_json(args.out, out)
-    g = gpt2
-    print(f"decode tok/s: HF fp32 {g['decode_hf_fp32']['tok_per_s']:.1f} | attnlab fp32 {g['decode_fp32']['tok_per_s']:.1f} "
-          f"({g['decode_fp32']['speedup_vs_hf_fp32']:.2f}x), bf16 {g['decode_bf16']['speedup_vs_hf_fp32']:.2f}x, "
-          f"int8 {g['decode_int8']['speedup_vs_hf_fp32']:.2f}x")
-    print(f"ttft 512: {g['ttft_512']['attnlab_s']:.3f} s vs HF {g['ttft_512']['hf_s']:.3f} s; 1024: "
-          f"{g['ttft_1024']['attnlab_s']:.3f} vs {g['ttft_1024']['hf_s']:.3f}")
-    print("targets:", g["targets"], out.get("trained", {}).get("targets"))
+
+
+def _keep_skipped_sections(path: str, out: dict) -> None:
+    """A run that skips a section keeps that section from the file's previous run, marked with its date."""
+    import json
+    from pathlib import Path
+
+    old_path = Path(path)
+    if not old_path.exists():
+        return
+    try:
+        old = json.loads(old_path.read_text())
+    except json.JSONDecodeError:
+        return
+    for key in ("gpt2_small", "calibration", "trained"):
+        if key not in out and key in old:
+            out[key] = old[key]
+            out.setdefault("sections_from_earlier_run", {})[key] = old.get("context", {}).get("date", "unknown")
 
 
 if __name__ == "__main__":

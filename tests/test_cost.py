@@ -146,5 +146,27 @@ def test_local_hardware_is_measured_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
     hw = hardware.get("local")
     assert hw.peak_flops["fp32"] > 1e9 and hw.bandwidth_bytes_per_s > 1e9 and hw.op_overhead_s > 0
+    assert hw.elementwise_per_s > 1e7
     assert (tmp_path / "hardware-local.json").exists()
     assert hardware.get("local").peak_flops == hw.peak_flops  # read back from the cache, not re-measured
+
+
+def test_elementwise_passes_follow_the_layer_formulas():
+    from attnlab.cost.analytic import forward_elementwise
+
+    a = resolve("gpt2")  # learned positions, GELU, 12 heads of 64
+    T, L, d, F, H = 256, 12, 768, 3072, 12
+    e = forward_elementwise(a, T, 0, sampled_rows=1)
+    assert e["norms"] == L * 2 * T * d + T * d and e["residuals"] == L * 2 * T * d
+    assert e["activation"] == L * T * F and e["softmax"] == L * H * T * (T + 1) // 2
+    assert "rotary" not in e and e["sampling"] == 2 * 50257
+    llama = forward_elementwise(resolve("llama-3-8b"), T)
+    assert llama["activation"] == 32 * 3 * T * 14336 and llama["rotary"] == 32 * 5 * T * (4096 + 1024)
+    decode = forward_elementwise(a, 1, 1000)
+    assert decode["softmax"] == L * H * 1001  # one query scores every cached key and itself
+    # on a measured (CPU) spec the passes cost time; on a datasheet GPU they are part of the memory traffic
+    from attnlab.cost.analytic import roofline_s
+
+    cpu = hardware.Hardware("cpu", {"fp32": 1e11}, 2e10, 1e10, 0.0, "measured", {"64": 1e11}, 2e10, 1e9)
+    assert roofline_s(0, 0, cpu, "fp32", elements=1e9) == pytest.approx(1.0)
+    assert roofline_s(0, 0, hardware.get("h100"), "fp32", elements=1e9) == 0.0

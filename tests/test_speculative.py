@@ -39,6 +39,12 @@ def test_lookup_proposal_copies_what_followed():
     assert lookup_proposal([1, 2, 3, 9, 9, 1, 2, 3], 2) == [9, 9]
     assert lookup_proposal([1, 2, 3], 2) == []
     assert lookup_proposal([4, 5, 4], 3) == [5, 4]
+    # the longest matching tail wins over a later, shorter one; among equals the latest
+    assert lookup_proposal([7, 8, 1, 2, 0, 5, 2, 6, 7, 8], 1) == [1]
+    assert lookup_proposal([7, 8, 1, 7, 8, 2, 7, 8], 1) == [2]
+    # below min_ngram matched tokens nothing is proposed (the round becomes a plain decode step)
+    assert lookup_proposal([1, 2, 3, 9, 2], 2, min_ngram=2) == []
+    assert lookup_proposal([1, 2, 3, 9, 1, 2], 2, min_ngram=2) == [3, 9]
 
 
 def _chi2_pvalue(counts: torch.Tensor, expected: torch.Tensor) -> float:

@@ -141,3 +141,53 @@ def test_learned_positions_reject_long_sequences(tmp_path, text_file):
     model = build_model(tiny(pos="learned"))
     with pytest.raises(ConfigError, match="beyond the learned positional table"):
         model(torch.zeros(1, 65, dtype=torch.long))
+
+
+def test_distill_loss_is_kl_to_the_teacher():
+    from attnlab.train import distill_loss
+
+    y = torch.randint(0, 11, (2, 5))
+    t = torch.randn(2, 5, 11)
+    assert float(distill_loss(t.clone(), t, y)) == pytest.approx(0.0, abs=1e-6)
+    s = torch.randn(2, 5, 11)
+    p, log_q = t.softmax(-1), s.log_softmax(-1)
+    expected = (p * (p.log() - log_q)).sum(-1).mean()
+    assert float(distill_loss(s, t, y)) == pytest.approx(float(expected), rel=1e-5)
+    assert float(distill_loss(s, t, y, weight=0.0)) == pytest.approx(float(lm_loss(s, y)), rel=1e-6)
+    sharp = (t / 0.5).softmax(-1)
+    expected = (sharp * (sharp.log() - log_q)).sum(-1).mean()
+    assert float(distill_loss(s, t, y, temperature=0.5)) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_distilled_student_agrees_with_its_teacher_more_than_a_plain_one(tmp_path, text_file):
+    _, t = _cfgs(text_file, steps=60, save_every=0, eval_every=60)
+    teacher = train(tiny(vocab_size=256, dim=48), t, tmp_path / "teacher", progress=False)
+    small = tiny(vocab_size=256, dim=32, n_layers=1)
+    plain_t = TrainConfig(**{**t.to_dict(), "steps": 150, "eval_every": 150, "lr": 1e-2})
+    distill_t = TrainConfig(**{**plain_t.to_dict(), "distill_from": str(tmp_path / "teacher")})
+    plain = train(small, plain_t, tmp_path / "plain", progress=False)
+    distilled = train(small, distill_t, tmp_path / "student", progress=False)
+    assert "teacher_agreement" not in plain and teacher["final_step"] == 60
+    from attnlab.data.tasks import make_task
+    from attnlab.loading import load_any
+    from attnlab.train import evaluate
+
+    batches = make_task(plain_t).eval_batches()
+    tm = load_any(tmp_path / "teacher").model.eval()
+    agree = {name: evaluate(load_any(tmp_path / name).model, batches, "cpu", tm)["teacher_agreement"]
+             for name in ("plain", "student")}
+    assert agree["student"] == pytest.approx(distilled["teacher_agreement"])
+    assert agree["student"] > agree["plain"]
+
+
+def test_distilling_from_another_vocabulary_is_refused(tmp_path, text_file):
+    _, t = _cfgs(text_file, steps=2, save_every=0, eval_every=2)
+    train(tiny(vocab_size=256), TrainConfig(**{**t.to_dict(), "task": "copy", "data": None, "synth_vocab": 16}),
+          tmp_path / "teacher", progress=False)
+    with pytest.raises(ConfigError, match="vocabulary"):
+        train(tiny(vocab_size=256), TrainConfig(**{**t.to_dict(), "distill_from": str(tmp_path / "teacher")}),
+              tmp_path / "student", progress=False)
+    with pytest.raises(ConfigError, match="distill_weight"):
+        TrainConfig(distill_weight=1.5)
+    with pytest.raises(ConfigError, match="distill_temperature"):
+        TrainConfig(distill_temperature=0)

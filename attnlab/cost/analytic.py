@@ -116,6 +116,40 @@ def forward_flops(a: Arch, T: int, S: int = 0, batch: int = 1, head_rows: int | 
     return parts
 
 
+def forward_elementwise(a: Arch, T: int, S: int = 0, batch: int = 1, sampled_rows: int = 0) -> dict:
+    """Elements passed through non-matmul kernels in one forward over T new tokens after S cached ones, each
+    counted once per kernel pass (what a CPU pays per element whatever the FLOP count; a GPU hides it in the
+    memory traffic). Transformer, per layer: two norms 2*T*d; two residual adds 2*T*d; rotary 5*T*(q + kv)
+    (half-split, negate, concatenate, multiply, multiply-add); softmax H*keys (the exponentials of the scores;
+    + H*keys for an ALiBi bias); activation T*F (GELU) or 3*T*F (SiLU, gate product). Recurrent: the gate
+    nonlinearities and state updates, (2 + 3*gates)*T*d per layer; SSM: the scan's elementwise updates
+    4*T*E*N + norms and gates; linear attention: the feature map and normaliser, 4*T*(q + kv) + norms + MLP.
+    Sampling a token from a row of logits (argmax or draw, and the log-sum-exp for its log-probability): 2*V
+    per sampled row. Narrow models spend a large share of a CPU prefill here (measured: ~30% at d = 160)."""
+    d, L = a.dim, a.n_layers
+    if a.family in ("rnn", "lstm", "gru"):
+        gates = {"rnn": 1, "lstm": 4, "gru": 3}[a.family]
+        parts = {"recurrent": L * T * d * (2 + 3 * gates)}
+    elif a.family == "ssm":
+        E, N = a.ssm_expand * d, a.ssm_state
+        parts = {"scan": L * T * 4 * E * N, "norms_gates": L * T * (2 * d + 3 * E)}
+    else:
+        q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        act = T * a.hidden_dim * (3 if a.mlp == "swiglu" else 1)
+        parts = {"norms": L * 2 * T * d + T * d, "residuals": L * 2 * T * d, "activation": L * act}
+        if a.family == "linear":
+            parts["feature_map"] = L * 4 * T * (q + kv)
+        else:
+            keys = attended_keys(T, S, a.sliding_window, False, a.block_size)
+            parts["softmax"] = L * a.n_heads * keys * (2 if a.pos == "alibi" else 1)
+            if a.pos == "rope":
+                parts["rotary"] = L * 5 * T * (q + kv)
+    parts["sampling"] = 2 * sampled_rows * a.vocab_size
+    parts = {k: v * batch for k, v in parts.items()}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
 def kv_bytes_per_token(a: Arch, dtype: str = "bf16") -> int:
     """2 (K and V) * L * Hkv * D * bytes per element (0 for fixed-state families: their state does not grow)."""
     if a.family != "transformer":
@@ -173,17 +207,22 @@ class Workload:
         dtype_bytes(self.dtype)
 
 
-def roofline_s(flops: float, nbytes: float, hw, dtype: str, n_ops: int = 0, matmul_size: float | None = None) -> float:
+def roofline_s(flops: float, nbytes: float, hw, dtype: str, n_ops: int = 0, matmul_size: float | None = None,
+               elements: float = 0.0) -> float:
     """Datasheet spec: max(FLOPs / peak, bytes / bandwidth) + n_ops * launch overhead (a GPU overlaps compute
-    and memory traffic across thousands of threads).
-    Measured spec (a CPU): FLOPs / achievable FLOP/s + bytes / streaming bandwidth + n_ops * dispatch cost,
-    summed, because the ops run one after another and each is limited by one or the other; the FLOP/s are
-    those of a matmul of ``matmul_size`` (small matrices run far below peak) and the bandwidth is what
-    matrix-vector products achieve."""
+    and memory traffic across thousands of threads; elementwise work is part of its memory traffic).
+    Measured spec (a CPU): FLOPs / achievable FLOP/s + bytes / streaming bandwidth + elementwise passes /
+    measured elements per second + n_ops * dispatch cost, summed, because the ops run one after another and
+    each is limited by one or the other; the FLOP/s are those of a matmul of ``matmul_size`` (small matrices
+    run far below peak), the bandwidth is what matrix-vector products achieve (from cache when the bytes fit in
+    half the last-level cache, else from DRAM), and ``elements`` counts the
+    non-matmul passes (``forward_elementwise``: norms, softmax, activations, rotary)."""
     compute = flops / hw.flops(dtype, matmul_size)
-    memory = nbytes / hw.stream_bandwidth()
-    overlap = max(compute, memory) if hw.flops_by_size is None else compute + memory
-    return overlap + n_ops * hw.op_overhead_s
+    memory = nbytes / hw.stream_bandwidth(nbytes, matmul_size)
+    if hw.flops_by_size is None:
+        return max(compute, memory) + n_ops * hw.op_overhead_s
+    rate = getattr(hw, "elementwise_per_s", None)
+    return compute + memory + (elements / rate if rate else 0.0) + n_ops * hw.op_overhead_s
 
 
 def typical_matmul_size(a: Arch, T: int) -> float:
@@ -221,8 +260,10 @@ def estimate(a: Arch, w: Workload, hw, allow_beyond_context: bool = False, memor
     dec = forward_flops(a, 1, mid, w.batch)
     dec_b = forward_bytes(a, 1, mid, w.batch, w.dtype)
     ops = OPS_PER_LAYER * a.n_layers + 4
-    ttft = roofline_s(pre["total"], pre_b["total"], hw, w.dtype, ops, typical_matmul_size(a, w.prompt_tokens))
-    tpot = roofline_s(dec["total"], dec_b["total"], hw, w.dtype, ops)
+    ttft = roofline_s(pre["total"], pre_b["total"], hw, w.dtype, ops, typical_matmul_size(a, w.prompt_tokens),
+                      forward_elementwise(a, w.prompt_tokens, 0, w.batch, sampled_rows=1)["total"])
+    tpot = roofline_s(dec["total"], dec_b["total"], hw, w.dtype, ops, typical_matmul_size(a, 1),
+                      elements=forward_elementwise(a, 1, mid, w.batch, sampled_rows=1)["total"])
     train = {k: 3 * v for k, v in forward_flops(a, w.prompt_tokens, 0, w.batch).items()}
     p = params(a)
     kv_total = kv_cache_bytes(a, total, w.batch, w.dtype)

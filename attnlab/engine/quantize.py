@@ -34,7 +34,11 @@ class DenseLinear(nn.Module):
     compiler uses); measured here on GPT-2 small's matrices, 1.1-1.3x faster than nn.Linear in fp32 and
     about 1.5x in bf16. Elsewhere (or without oneDNN) it is stored (in, out), like GPT-2's Conv1D, which
     streams the 50257 x 768 LM head about 2x faster than nn.Linear's (out, in). ``path`` records which ran.
+    Small matrices skip oneDNN: each of its calls costs ~15 us whatever the size, against ~4 us for a plain
+    row-times-(in, out) product of a 128 x 384 matrix (measured here), and a draft model is all small matrices.
     """
+
+    ONEDNN_MIN_ELEMENTS = 256 * 1024  # below this (1 MiB in fp32) the fixed cost outweighs the faster streaming
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
         super().__init__()
@@ -42,7 +46,8 @@ class DenseLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.path = "matmul"
-        if w.device.type == "cpu" and torch.backends.mkldnn.is_available() and dtype in (torch.float32, torch.bfloat16):
+        if (w.device.type == "cpu" and torch.backends.mkldnn.is_available() and dtype in (torch.float32, torch.bfloat16)
+                and w.numel() >= self.ONEDNN_MIN_ELEMENTS):
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1)
                 torch.ops.mkldnn._linear_pointwise(torch.zeros(1, w.shape[1], dtype=dtype), packed, None, "none", [], "")

@@ -23,24 +23,49 @@ from attnlab.engine.sampling import SamplingParams, processed_probs
 from attnlab.errors import AttnlabError
 
 
-def _dist(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """(N, V) logits -> (N, V) distribution actually sampled from (one-hot argmax when greedy)."""
-    if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    return processed_probs(logits, params)
+def _accept_sampled(drafts: list[int], q: torch.Tensor | None, p: torch.Tensor, vocab: int, gen) -> list[tuple]:
+    """The accept/resample rule for drafts d_i ~ q_i against the target's p_i (rows of p, k+1 of them):
+    accept d_i with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection draw from
+    norm(max(0, p_i - q_i)); if all pass, a bonus token from p_k. q None = point masses on the drafts
+    (prompt lookup). Returns [(token, row of p it came from)]."""
+    if q is None and drafts:
+        q = torch.nn.functional.one_hot(torch.tensor(drafts, dtype=torch.long), vocab).to(p)
+    new = []
+    for i, d in enumerate(drafts):
+        if float(torch.rand((), generator=gen, device=p.device)) < min(1.0, float(p[i, d] / q[i, d])):
+            new.append((d, i))
+            continue
+        residual = (p[i] - q[i]).clamp(min=0)
+        residual = residual / residual.sum() if residual.sum() > 0 else p[i]
+        new.append((int(torch.multinomial(residual, 1, generator=gen)), i))
+        return new
+    i = len(drafts)
+    new.append((int(torch.multinomial(p[i], 1, generator=gen)), i))
+    return new
 
 
-def lookup_proposal(tokens: list[int], k: int, max_ngram: int = 3) -> list[int]:
-    """Prompt lookup: find the latest earlier occurrence of the last n tokens (n = max_ngram..1) and propose
-    the k tokens that followed it."""
-    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
-        tail = tokens[-n:]
-        for start in range(len(tokens) - n - 1, -1, -1):
-            if tokens[start:start + n] == tail:
-                follow = tokens[start + n:start + n + k]
-                if follow:
-                    return follow
-    return []
+def lookup_proposal(tokens: list[int], k: int, max_ngram: int = 4, min_ngram: int = 1) -> list[int]:
+    """Prompt lookup: find the earlier occurrence of the text's last n tokens with the longest n (up to
+    max_ngram; the latest among equals) and propose the k tokens that followed it; nothing when no earlier
+    occurrence matches min_ngram tokens. A miss costs nothing (the round is a plain decode step), a poor
+    match costs a wider verify pass, hence min_ngram > 1 for byte-level text, where single bytes recur."""
+    n_tok = len(tokens)
+    if n_tok < 2:
+        return []
+    last, best_n, best_start = tokens[-1], 0, -1
+    for j in range(n_tok - 2, -1, -1):  # j: where an earlier occurrence of the tail would end
+        if tokens[j] != last:
+            continue
+        n = 1
+        while n < max_ngram and j - n >= 0 and tokens[j - n] == tokens[n_tok - 1 - n]:
+            n += 1
+        if n > best_n:
+            best_n, best_start = n, j + 1
+            if n == max_ngram:
+                break
+    if best_n < min_ngram:
+        return []
+    return tokens[best_start:best_start + k]
 
 
 class _DraftModel:
@@ -53,17 +78,22 @@ class _DraftModel:
         self.state = model.new_state(1, capacity)
         prefill(model, torch.tensor([prompt], device=device), self.state)
 
-    def propose(self, pending: list[int], k: int, params: SamplingParams, gen) -> tuple[list[int], torch.Tensor]:
+    def propose(self, pending: list[int], k: int, params: SamplingParams, gen) -> tuple[list[int], torch.Tensor | None]:
+        """k draft tokens and the (k, V) distributions they were drawn from (None when greedy: a point mass
+        on each draft token, which the greedy check never needs)."""
         logits = prefill(self.model, torch.tensor([pending], device=self.device), self.state)
         drafts, dists = [], []
         for i in range(k):
-            q = _dist(logits, params)
-            d = int(q.argmax(-1)) if params.greedy else int(torch.multinomial(q, 1, generator=gen))
+            if params.greedy:
+                d = int(logits.argmax(-1))
+            else:
+                q = processed_probs(logits, params)
+                d = int(torch.multinomial(q, 1, generator=gen))
+                dists.append(q[0])
             drafts.append(d)
-            dists.append(q[0])
             if i < k - 1:
                 logits = decode_one_token(self.model, torch.tensor([d], device=self.device), self.state)
-        return drafts, torch.stack(dists)
+        return drafts, (torch.stack(dists) if dists else None)
 
     def sync(self, accepted_len: int) -> int:
         """Roll back to the accepted length; return how many accepted tokens it has not read yet."""
@@ -75,13 +105,17 @@ class _DraftModel:
 @torch.inference_mode()
 def speculative_generate(target, prompt: list[int], max_new_tokens: int, k: int = 4, draft=None,
                          prompt_lookup: bool = False, params: SamplingParams | None = None, stop_tokens=(),
+                         lookup_ngram: tuple[int, int] = (2, 4),
                          stop_strings=(), tokenizer=None, truncate: str | None = None) -> GenerationOutput:
-    """Generate with a draft model (``draft=``) or prompt lookup (``prompt_lookup=True``); batch of one."""
+    """Generate with a draft model (``draft=``) or prompt lookup (``prompt_lookup=True``, matching the last
+    lookup_ngram = (min, max) tokens); batch of one."""
     params = params or SamplingParams()
     if (draft is None) == (not prompt_lookup):
         raise AttnlabError("choose exactly one proposer: a draft model or prompt lookup")
     if k < 1:
         raise AttnlabError(f"k={k} draft tokens per round must be >= 1")
+    if not 1 <= lookup_ngram[0] <= lookup_ngram[1]:
+        raise AttnlabError(f"lookup_ngram={lookup_ngram}: need 1 <= min <= max")
     if params.repetition_penalty != 1.0:
         raise AttnlabError("speculative decoding does not support a repetition penalty (it changes p per token)")
     if target.cfg.is_recurrent:
@@ -100,8 +134,8 @@ def speculative_generate(target, prompt: list[int], max_new_tokens: int, k: int 
     state = target.new_state(1, capacity)
     logits = prefill(target, torch.tensor([prompt], device=device), state)
     drafter = _DraftModel(draft, prompt, capacity, device) if draft is not None else None
-    p = _dist(logits, params)
-    first = int(p.argmax(-1)) if params.greedy else int(torch.multinomial(p, 1, generator=gen))
+    first = int(logits.argmax(-1)) if params.greedy else \
+        int(torch.multinomial(processed_probs(logits, params), 1, generator=gen))
     text = prompt + [first]
     comp.tokens.append(first)
     comp.logprobs.append(float(torch.log_softmax(logits.float(), -1)[0, first]))
@@ -114,38 +148,29 @@ def speculative_generate(target, prompt: list[int], max_new_tokens: int, k: int 
         if drafter is not None and n_draft > 0:
             drafts, q = drafter.propose(draft_pending, n_draft, params, gen)
         else:
-            drafts = lookup_proposal(text, n_draft) if n_draft > 0 else []
-            q = torch.nn.functional.one_hot(torch.tensor(drafts, dtype=torch.long), target.cfg.vocab_size).float() \
-                .to(device) if drafts else None
+            drafts, q = (lookup_proposal(text, n_draft, lookup_ngram[1], lookup_ngram[0]) if n_draft > 0 else []), None
         verify, _ = target(torch.tensor([[text[-1]] + drafts], device=device), state)  # (1, n+1, V): one pass
-        p_all = _dist(verify[0], params)
-        logp_all = torch.log_softmax(verify[0].float(), -1)
-        new = []
-        for i, d in enumerate(drafts):
-            if params.greedy:
-                ok = int(p_all[i].argmax()) == d
-            else:
-                ok = float(torch.rand((), generator=gen, device=device)) < min(1.0, float(p_all[i, d] / q[i, d]))
-            if not ok:
-                residual = (p_all[i] - q[i]).clamp(min=0)
-                residual = residual / residual.sum() if residual.sum() > 0 else p_all[i]
-                fix = int(residual.argmax()) if params.greedy else int(torch.multinomial(residual, 1, generator=gen))
-                new.append((fix, i))
-                break
-            new.append((d, i))
-            accepted += 1
+        logits_all = verify[0].float()
+        if params.greedy:  # accept the longest prefix of drafts the target's argmax agrees with, plus one
+            best = logits_all.argmax(-1).tolist()
+            n_ok = next((i for i, d in enumerate(drafts) if best[i] != d), len(drafts))
+            new = [(d, i) for i, d in enumerate(drafts[:n_ok])] + [(best[n_ok], n_ok)]
+            accepted += n_ok
         else:
-            i = len(drafts)
-            bonus = int(p_all[i].argmax()) if params.greedy else int(torch.multinomial(p_all[i], 1, generator=gen))
-            new.append((bonus, i))
+            new = _accept_sampled(drafts, q, processed_probs(logits_all, params), target.cfg.vocab_size, gen)
+            accepted += len(new) - 1
+        chosen = torch.tensor([[tok] for tok, _ in new], device=device)
+        rows = logits_all[[i for _, i in new]]
+        logp_new = (rows.gather(1, chosen) - torch.logsumexp(rows, -1, keepdim=True))[:, 0].tolist()
+        new = [(tok, i, lp) for (tok, i), lp in zip(new, logp_new)]
         rounds += 1
         proposed += len(drafts)
         now = time.perf_counter() - t0
-        for tok, i in new:
+        for tok, _, lp in new:
             if len(comp.tokens) >= max_new_tokens or finished:
                 break
             comp.tokens.append(tok)
-            comp.logprobs.append(float(logp_all[i, tok]))
+            comp.logprobs.append(lp)
             stamps.append(now)
             text.append(tok)
             finished = stopper.done(comp.tokens)
