@@ -31,8 +31,8 @@ def cmd_cost(args) -> int:
 
         rows = validate(refresh=args.refresh)
         if args.json:
-            print(json.dumps([{k: r[k] for k in ("model", "params", "phase", "predicted_s", "measured_s", "error",
-                                                 "ops")} for r in rows]))
+            keys = ("model", "params", "phase", "predicted_s", "measured_s", "measured_median_s", "error", "ops")
+            print(json.dumps([{k: r[k] for k in keys} for r in rows]))
         else:
             print(f"{'model':14s} {'phase':8s} {'predicted':>12s} {'measured':>12s} {'error':>8s}")
             for r in rows:

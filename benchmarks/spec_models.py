@@ -8,8 +8,9 @@
    training split, one file each: the text a draft must predict at decode time (~4 min).
 3. draft: a 0.23M-parameter transformer (dim 128, one layer) distilled from the target (`attnlab train
    --distill-from`, KL to the target's next-token distributions) on those samples (~4 min).
-A draft trained on corpus text alone agrees with the target's argmax 83% of the time on held-out corpus
-text but only ~55% on the target's own greedy output, which is what it is asked to predict.
+Measured here: the draft distilled on corpus text agrees with the target's argmax on 83% of held-out corpus
+positions but on only 59% of the target's own greedy output (what it is asked to predict); distilled on the
+samples, 64% (a 0.43M draft trained on the corpus without the target: 52%).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def write_samples(target_dir: Path, out: Path, n: int = 160, prompt_len: int = 1
 
     model = set_precision(load_any(target_dir).model, "fp32")
     ids = make_task(TrainConfig(seq_len=256, batch_size=8)).train_ids
-    starts = torch.randint(0, len(ids) - prompt_len - 1, (n,), generator=torch.Generator().manual_seed(123)).tolist()
+    starts = torch.randint(0, len(ids) - 300, (n,), generator=torch.Generator().manual_seed(123)).tolist()
     tmp = out.with_name(out.name + ".partial")
     tmp.mkdir(parents=True, exist_ok=True)
     for j, s in enumerate(starts):
