@@ -126,12 +126,16 @@ def cmd_generate(args) -> int:
     target = load_any(args.checkpoint)
     if target.tokenizer is None:
         raise AttnlabError(f"{args.checkpoint} has no tokenizer.json, so text cannot be encoded; add one")
-    model = set_precision(target.model, args.dtype)
+    speculative = bool(args.draft or args.prompt_lookup)
+    if speculative and args.k < 1:
+        raise AttnlabError(f"--k {args.k}: a speculative round needs at least 1 draft token")
+    # a speculative target mostly runs (k+1)-row verify passes: lay its weights out for that size
+    model = set_precision(target.model, args.dtype, rows=args.k + 1 if speculative else 1)
     ids = target.tokenizer.encode(prompt)
     stop_tokens = target.stop_tokens if not args.ignore_eos else []
     common = dict(stop_tokens=stop_tokens, stop_strings=args.stop or (), tokenizer=target.tokenizer,
                   truncate=args.truncate)
-    if args.draft or args.prompt_lookup:
+    if speculative:
         draft = set_precision(load_any(args.draft).model, args.dtype) if args.draft else None
         out = speculative_generate(model, ids, args.max_new_tokens, k=args.k, draft=draft,
                                    prompt_lookup=args.prompt_lookup, params=params,

@@ -133,46 +133,95 @@ def trained_section(args) -> dict:
         quality[f"{dt}_relative_change"] = quality[dt] / quality["fp32"] - 1
     val = task.val_ids.tolist()
     prompts = [val[s:s + 200] for s in range(1000, 1000 + 8 * 9000, 9000)]  # 8 held-out code windows
-    rep = val[5000:5150] * 2  # a repetitive prompt: the same code twice
+    code_twice = val[5000:5150] * 2  # the same code twice: lookup pays only if the target copies it
+    windows = most_repetitive_windows(val, 300, 4)  # held-out text where the most 8-grams recur
     spec = {}
     for dt in ("fp32", "bf16"):  # the same precision for the target in plain and speculative decoding
-        tm = set_precision(copy.deepcopy(target.model), dt)
+        # Plain decoding is timed with the weights laid out for 1 row and for the verify pass's k+1 rows, and
+        # the faster counts: the speedup is over the best plain decode of the same target, not a handicapped one.
+        plain1 = set_precision(copy.deepcopy(target.model), dt)
         dm = set_precision(copy.deepcopy(draft.model), "fp32")  # small matrices: fp32 is the faster path
         for k in (3, 4, 5, 6):
-            spec[f"{dt}_draft_k{k}"] = _spec_runs(tm, prompts, args.spec_tokens, dict(k=k, draft=dm))
+            tk = set_precision(copy.deepcopy(target.model), dt, rows=k + 1)
+            spec[f"{dt}_draft_k{k}"] = _spec_runs([plain1, tk], tk, prompts, args.spec_tokens, dict(k=k, draft=dm))
         for lo, hi in ((2, 4), (3, 8)):
             for k in (4, 8):
+                tk = set_precision(copy.deepcopy(target.model), dt, rows=k + 1)
+                how = dict(k=k, prompt_lookup=True, lookup_ngram=(lo, hi))
                 spec[f"{dt}_lookup_ngram{lo}-{hi}_k{k}_repetitive"] = _spec_runs(
-                    tm, [rep], args.spec_tokens, dict(k=k, prompt_lookup=True, lookup_ngram=(lo, hi)), rounds=3)
-    best_draft = max((v["speedup"], name) for name, v in spec.items() if "_draft_" in name)
-    best_lookup = max((v["speedup"], name) for name, v in spec.items() if "_lookup_" in name)
+                    [plain1, tk], tk, [val[s:s + 300] for s in windows], args.spec_tokens, how)
+                spec[f"{dt}_lookup_ngram{lo}-{hi}_k{k}_code_twice"] = _spec_runs(
+                    [plain1, tk], tk, [code_twice], args.spec_tokens, how, rounds=2)
+    # How much of the target's greedy output after the code-twice prompt copies the code's next bytes.
+    plain_out = generate(plain1, code_twice, args.spec_tokens).tokens
+    copy_rate = sum(a == b for a, b in zip(plain_out, val[5000:5150] * 2)) / len(plain_out)
+    # The targets count fp32 runs only: there greedy output must be (and is checked to be) identical; in bf16
+    # a near-tie can flip between the verify pass and a decode step (reported, not counted).
+    exact = {name: v for name, v in spec.items() if name.startswith("fp32_") and v["identical_greedy_output"]}
+    best_draft = max(((v["speedup"], name) for name, v in exact.items() if "_draft_" in name), default=(0.0, None))
+    best_lookup = max(((v["speedup"], name) for name, v in exact.items() if name.endswith("_repetitive")),
+                      default=(0.0, None))
     return {"target_params": n_target, "draft_params": n_draft, "held_out_loss": quality, "speculative": spec,
             "best_draft": best_draft[1], "best_lookup": best_lookup[1],
+            "repetitive_windows": {"starts_in_held_out_split": windows, "tokens": 300,
+                                   "share_of_8grams_seen_before": [repeat_share(val[s:s + 300]) for s in windows]},
+            "code_twice_output_copies_the_code": copy_rate,
             "targets": {"bf16_loss_change_le_1pct": abs(quality["bf16_relative_change"]) <= 0.01,
                         "int8_loss_change_le_1pct": abs(quality["int8_relative_change"]) <= 0.01,
                         "speculative_draft_ge_1.5x": best_draft[0] >= 1.5,
                         "prompt_lookup_ge_1.5x": best_lookup[0] >= 1.5,
-                        "greedy_output_identical": all(v["identical_greedy_output"] for v in spec.values())}}
+                        "fp32_greedy_output_identical": all(v["identical_greedy_output"] for name, v in spec.items()
+                                                            if name.startswith("fp32_"))},
+            "bf16_runs_with_identical_output": sum(v["identical_greedy_output"] for name, v in spec.items()
+                                                   if name.startswith("bf16_"))}
 
 
-def _spec_runs(target, prompts, n: int, how: dict, rounds: int = 1) -> dict:
-    """Plain greedy decode and speculative decode of the same target, interleaved per prompt; speedup =
-    total plain time / total speculative time; acceptance = accepted / proposed drafts."""
+def repeat_share(tokens: list[int], n: int = 8) -> float:
+    """Share of the n-grams of `tokens` that already occurred earlier in it: how repetitive a text is."""
+    seen, hits = set(), 0
+    for i in range(len(tokens) - n + 1):
+        gram = tuple(tokens[i:i + n])
+        hits += gram in seen
+        seen.add(gram)
+    return hits / max(1, len(tokens) - n + 1)
+
+
+def most_repetitive_windows(ids: list[int], length: int, count: int, stride: int = 50) -> list[int]:
+    """Starts of the `count` non-overlapping windows with the highest repeat_share (chosen from the text
+    alone, before any model sees it)."""
+    ranked = sorted(range(0, len(ids) - length, stride), key=lambda s: -repeat_share(ids[s:s + length]))
+    picked: list[int] = []
+    for s in ranked:
+        if all(abs(s - p) >= length for p in picked):
+            picked.append(s)
+            if len(picked) == count:
+                break
+    return picked
+
+
+def _spec_runs(plain_models, target, prompts, n: int, how: dict, rounds: int = 1) -> dict:
+    """Plain greedy decode (each of plain_models: the same weights in different layouts) and speculative decode
+    of `target`, interleaved per prompt; speedup = the faster plain total / the speculative total;
+    acceptance = accepted / proposed drafts."""
     from attnlab.engine.speculative import speculative_generate
 
-    plain_s, spec_s, accepted, proposed, same = 0.0, 0.0, 0, 0, True
+    plain_s, spec_s, accepted, proposed, same = [0.0] * len(plain_models), 0.0, 0, 0, True
     for _ in range(rounds):
         for p in prompts:
-            a = generate(target, p, n)
+            for j, m in enumerate(plain_models):
+                a = generate(m, p, n)
+                plain_s[j] += a.stats.total_s
             b = speculative_generate(target, p, n, **how)
-            plain_s += a.stats.total_s
             spec_s += b.stats.total_s
             accepted += round(b.stats.accepted * b.stats.proposed)
             proposed += b.stats.proposed
             same &= a.tokens == b.tokens
-    return {"speedup": plain_s / spec_s, "acceptance": accepted / max(1, proposed),
-            "plain_ms_per_token": 1e3 * plain_s / (n * len(prompts) * rounds),
-            "speculative_ms_per_token": 1e3 * spec_s / (n * len(prompts) * rounds),
+    tokens = n * len(prompts) * rounds
+    return {"speedup": min(plain_s) / spec_s, "acceptance": accepted / max(1, proposed),
+            "plain_ms_per_token": 1e3 * min(plain_s) / tokens,
+            "plain_ms_per_token_by_layout": {f"rows{getattr(m, 'rows', 1)}": 1e3 * t / tokens
+                                             for m, t in zip(plain_models, plain_s)},
+            "speculative_ms_per_token": 1e3 * spec_s / tokens,
             "identical_greedy_output": same}
 
 

@@ -4,13 +4,17 @@
 
 1. target: a 10.7M-parameter transformer (dim 384, 6 layers) trained on the embedded corpus
    (`attnlab train`; ~7 min here). Kept if already there.
-2. samples: the target's own greedy continuations (128 tokens) of 160 prompts drawn from the corpus's
-   training split, one file each: the text a draft must predict at decode time (~4 min).
+2. samples: the target's own greedy continuations (128 tokens) of 480 200-token prompts drawn from the
+   corpus's training split, one file each, 32 prompts per batch: the text a draft must predict (~1 min).
 3. draft: a 0.23M-parameter transformer (dim 128, one layer) distilled from the target (`attnlab train
-   --distill-from`, KL to the target's next-token distributions) on those samples (~4 min).
-Measured here: the draft distilled on corpus text agrees with the target's argmax on 83% of held-out corpus
-positions but on only 59% of the target's own greedy output (what it is asked to predict); distilled on the
-samples, 64% (a 0.43M draft trained on the corpus without the target: 52%).
+   --distill-from`, KL to the target's next-token distributions) on those samples, in 320-token windows
+   (~5 min).
+Measured here, teacher-forced on the target's greedy output after 8 held-out 200-token prompts (what a draft
+is asked to predict): this draft agrees with the target's argmax on 77% of positions. The previous recipe
+(160 samples after 160-token prompts, 128-token windows) reached 60%; this one changes three things at once,
+not measured apart: 3x the samples, prompts as long as the benchmark's, and windows that reach the positions
+(200-330) where the draft works. A draft distilled on corpus text: 59%; a 0.43M draft trained on the corpus
+without the target: 52%.
 """
 from __future__ import annotations
 
@@ -26,20 +30,26 @@ TARGET = ModelConfig(vocab_size=256, dim=384, n_layers=6, n_heads=6, hidden_dim=
 DRAFT = ModelConfig(vocab_size=256, dim=128, n_layers=1, n_heads=4, hidden_dim=512, max_seq_len=1024)
 
 
-def write_samples(target_dir: Path, out: Path, n: int = 160, prompt_len: int = 160, new_tokens: int = 128) -> None:
+def write_samples(target_dir: Path, out: Path, n: int = 480, prompt_len: int = 200, new_tokens: int = 128,
+                  batch: int = 32) -> None:
+    """The target's greedy continuations of n training-split prompts, `batch` prompts per generate call
+    (equal lengths, so no padding: a batch of 32 decodes ~20x faster than one prompt at a time here)."""
     from attnlab.data.tasks import make_task
     from attnlab.engine import generate
     from attnlab.engine.quantize import set_precision
     from attnlab.loading import load_any
 
-    model = set_precision(load_any(target_dir).model, "fp32")
+    model = set_precision(load_any(target_dir).model, "fp32", rows=batch)
     ids = make_task(TrainConfig(seq_len=256, batch_size=8)).train_ids
-    starts = torch.randint(0, len(ids) - 300, (n,), generator=torch.Generator().manual_seed(123)).tolist()
+    starts = torch.randint(0, len(ids) - prompt_len - new_tokens, (n,),
+                           generator=torch.Generator().manual_seed(123)).tolist()
     tmp = out.with_name(out.name + ".partial")
     tmp.mkdir(parents=True, exist_ok=True)
-    for j, s in enumerate(starts):
-        prompt = ids[s:s + prompt_len].tolist()
-        (tmp / f"sample{j:04d}.txt").write_bytes(bytes(prompt + generate(model, prompt, new_tokens).tokens))
+    for b in range(0, n, batch):
+        prompts = [ids[s:s + prompt_len].tolist() for s in starts[b:b + batch]]
+        outs = generate(model, prompts, new_tokens).completions
+        for j, (prompt, comp) in enumerate(zip(prompts, outs)):
+            (tmp / f"sample{b + j:04d}.txt").write_bytes(bytes(prompt + comp.tokens))
     tmp.rename(out)  # complete or absent: a killed run starts the samples again
 
 
@@ -56,8 +66,9 @@ def main() -> None:
     if not samples.exists():
         write_samples(target, samples)
     if not (draft / "manifest.json").exists():
-        summary = train(DRAFT, TrainConfig(data=str(samples), steps=600, lr=3e-3, eval_every=300,
-                                           distill_from=str(target)), draft, resume=draft.exists())
+        # seq_len 320: the draft must see the positions it works at (a 200-token prompt and what follows)
+        summary = train(DRAFT, TrainConfig(data=str(samples), steps=600, lr=3e-3, eval_every=300, seq_len=320,
+                                           batch_size=8, distill_from=str(target)), draft, resume=draft.exists())
         print(f"draft: agreement with the target's argmax on held-out samples {summary['teacher_agreement']:.3f}")
 
 

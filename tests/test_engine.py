@@ -61,6 +61,21 @@ def test_bf16_cache_stays_close_to_fp32():
     assert sum(x == y for x, y in zip(a.tokens, b.tokens)) >= 4
 
 
+def test_fp32_cache_under_bf16_weights_attends_in_fp32():
+    """The wider cache is kept as it is (the new queries are widened instead) and the block stays in bf16."""
+    import copy
+    model = lively(dim=64, n_heads=4)
+    fast = set_precision(copy.deepcopy(model), "bf16")
+    x = torch.randint(0, 37, (1, 9))
+    state = fast.new_state(1, 16, dtype=torch.float32)
+    logits, _ = fast(x, state)
+    assert state.k[0].dtype == torch.float32 and logits.dtype == torch.bfloat16
+    ref = model(x)[0]
+    assert (logits.float() - ref).abs().max() <= 0.05 * ref.abs().max()
+    step, _ = fast(torch.tensor([[4]]), state)  # decode: one widened query against the fp32 cache
+    assert step.dtype == torch.bfloat16 and torch.isfinite(step.float()).all()
+
+
 def test_stop_token():
     model = lively(vocab_size=256)
     base = generate(model, [65, 66, 67], 12).tokens
@@ -158,6 +173,20 @@ def test_dense_and_int8_linears():
     assert (q.dequantized - lin.weight).abs().max() <= amax / 127 * 0.51 + amax * 2 ** -8
     y = q(x.bfloat16()).float()
     assert (y - lin(x)).abs().max() < 0.05 * lin(x).abs().max()
+
+
+@pytest.mark.parametrize("rows", [1, 4, 9])
+def test_dense_linear_packed_for_any_row_count_computes_the_same(rows):
+    """Whatever row count the weight is laid out for, every call size gives nn.Linear's result."""
+    lin = torch.nn.Linear(512, 640, bias=False)  # above the oneDNN threshold, so the packed path runs
+    dense = DenseLinear(lin, torch.float32, rows)
+    if torch.backends.mkldnn.is_available():
+        assert dense.path == "onednn"
+    for m in (1, 2, 5, 64):
+        x = torch.randn(m, 512)
+        torch.testing.assert_close(dense(x), lin(x), atol=1e-4, rtol=1e-4)
+    with pytest.raises(AttnlabError, match="rows=0"):
+        set_precision(lively(dim=64, n_heads=4), "fp32", rows=0)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])

@@ -38,7 +38,9 @@ def test_stop_tokens_inside_an_accepted_round():
 def test_lookup_proposal_copies_what_followed():
     assert lookup_proposal([1, 2, 3, 9, 9, 1, 2, 3], 2) == [9, 9]
     assert lookup_proposal([1, 2, 3], 2) == []
-    assert lookup_proposal([4, 5, 4], 3) == [5, 4]
+    assert lookup_proposal([4, 5, 4], 3) == [5, 4, 5]  # a loop continues as a loop
+    assert lookup_proposal([3, 0, 0, 0], 4) == [0, 0, 0, 0]  # a run proposes k tokens, not the one left
+    assert lookup_proposal([1, 2, 3, 1, 2], 5) == [3, 1, 2, 3, 1]
     # the longest matching tail wins over a later, shorter one; among equals the latest
     assert lookup_proposal([7, 8, 1, 2, 0, 5, 2, 6, 7, 8], 1) == [1]
     assert lookup_proposal([7, 8, 1, 7, 8, 2, 7, 8], 1) == [2]

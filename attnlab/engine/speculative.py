@@ -50,9 +50,10 @@ def _accept_sampled(drafts: list[int], q: torch.Tensor | None, p: torch.Tensor, 
 
 def lookup_proposal(tokens: list[int], k: int, max_ngram: int = 4, min_ngram: int = 1) -> list[int]:
     """Prompt lookup: find the earlier occurrence of the text's last n tokens with the longest n (up to
-    max_ngram; the latest among equals) and propose the k tokens that followed it; nothing when no earlier
-    occurrence matches min_ngram tokens. A miss costs nothing (the round is a plain decode step), a poor
-    match costs a wider verify pass, hence min_ngram > 1 for byte-level text, where single bytes recur."""
+    max_ngram; the latest among equals) and propose the k tokens that followed it (continuing periodically
+    where that runs into the end of the text); nothing when no earlier occurrence matches min_ngram tokens.
+    A miss costs nothing (the round is a plain decode step), a poor match costs a wider verify pass, hence
+    min_ngram > 1 for byte-level text, where single bytes recur."""
     n_tok = len(tokens)
     if n_tok < 2:
         return []
@@ -69,7 +70,14 @@ def lookup_proposal(tokens: list[int], k: int, max_ngram: int = 4, min_ngram: in
                 break
     if best_n < min_ngram:
         return []
-    return tokens[best_start:best_start + k]
+    # Copy what followed, as an overlapping copy (LZ77-style): where the source runs into the text's end, the
+    # copy continues from its own proposed tokens, so a run or a short loop ("____", "ababab") proposes all k
+    # tokens instead of the one or two left before the end (measured: in a loop of one byte, 1 token a round).
+    out: list[int] = []
+    for i in range(k):
+        src = best_start + i
+        out.append(tokens[src] if src < n_tok else out[src - n_tok])
+    return out
 
 
 class _DraftModel:

@@ -135,11 +135,14 @@ class Attention(nn.Module):
         q_offset, kv_start = 0, None
         if cache is not None:  # (B, Hkv, S, D) keys/values to attend to, and where the queries sit among them
             k, v, q_offset, kv_start = cache.attend(self.layer_idx, k, v, ordered=pos_enc.alibi_slopes is not None)
-            if k.dtype != q.dtype:  # a cache kept at another dtype (e.g. bf16 under fp32 weights)
+        if k.dtype != q.dtype:  # a cache kept at another dtype: attend in the wider of the two
+            if k.element_size() > q.element_size():  # fp32 cache under bf16 weights: widen the T new queries,
+                q = q.to(k.dtype)                     # not the whole cache, every step
+            else:  # bf16 cache under fp32 weights
                 k, v = k.to(q.dtype), v.to(q.dtype)
         out = self.kernel(q, k, v, q_offset=q_offset, causal=self.causal,
                           alibi_slopes=pos_enc.alibi_slopes, scale=self.scale, kv_start=kv_start,
-                          **self.kernel_kwargs)
+                          **self.kernel_kwargs).to(x.dtype)
         out = out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
         return self.wo(out)
 
