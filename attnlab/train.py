@@ -111,16 +111,23 @@ def evaluate(model, batches, device, teacher=None) -> dict:
     return out
 
 
-def train_in_memory(model, batch, cfg: TrainConfig, clip: bool = True):
+def train_in_memory(model, batch, cfg: TrainConfig, clip: bool = True, teacher=None):
     """The plain loop without files: AdamW, the warmup + cosine schedule, clipping. ``batch(step) -> (x, y)``.
-    For experiments that need a briefly trained model and no checkpoint."""
+    For experiments that need a briefly trained model and no checkpoint. With ``teacher`` (a frozen model of
+    the same vocabulary) the loss is distill_loss at cfg.distill_weight / cfg.distill_temperature."""
     optimizer = make_optimizer(model, cfg)
     model.train()
     for step in range(cfg.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         x, y = batch(step)
-        loss = lm_loss(model(x)[0], y)
+        logits = model(x)[0]
+        if teacher is None:
+            loss = lm_loss(logits, y)
+        else:
+            with torch.no_grad():
+                teacher_logits = teacher(x)[0]
+            loss = distill_loss(logits, teacher_logits, y, cfg.distill_weight, cfg.distill_temperature)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if clip and cfg.grad_clip:

@@ -19,9 +19,21 @@ PREDICTION = ("Greedy output is identical at every k; acceptance falls as k grow
 THRESHOLD = "Supported if outputs are identical at every k and the best speedup is >= 1.2; not supported if outputs differ or no k reaches 1.0."
 
 
-def _train(cfg, task, tc):
+def _train(cfg, task, tc, teacher=None, batch=None):
     torch.manual_seed(0)
-    return train_in_memory(build_model(cfg), task.batch, tc)
+    return train_in_memory(build_model(cfg), batch or task.batch, tc, teacher=teacher)
+
+
+def _target_samples(target, task, n: int, prompt_len: int, new: int) -> torch.Tensor:
+    """(n, prompt_len + new) training-split prompts and the target's greedy continuations: the text a draft
+    is asked to predict (distilling on it raised a draft's agreement from 60% to 77% in benchmarks/)."""
+    starts = torch.randint(0, len(task.train_ids) - prompt_len, (n,), generator=torch.Generator().manual_seed(1))
+    prompts = [task.train_ids[s:s + prompt_len].tolist() for s in starts.tolist()]
+    seqs = []
+    for b in range(0, n, 32):  # equal lengths, no padding: a batch decodes far faster than one prompt at a time
+        outs = generate(target, prompts[b:b + 32], new).completions
+        seqs += [p + c.tokens for p, c in zip(prompts[b:b + 32], outs)]
+    return torch.tensor(seqs)
 
 
 def run(scale: str, device: str) -> Outcome:
@@ -30,23 +42,39 @@ def run(scale: str, device: str) -> Outcome:
     task = make_task(tc)
     trained = _train(ModelConfig(dim=192, n_layers=6, n_heads=4), task, tc)
     target = set_precision(copy.deepcopy(trained), "fp32")
-    draft = set_precision(_train(ModelConfig(dim=64, n_layers=1, n_heads=2), task, tc), "fp32")
-    prompt = task.val_ids[2000:2128].tolist()
     new = 64 if scale == "quick" else 200
-    base = generate(target, prompt, new)
+    prompt_len = 128
+    samples = _target_samples(target, task, 64 if scale == "quick" else 256, prompt_len, new)
+
+    def sample_batch(step):  # whole sample sequences, 16 at a time
+        idx = torch.randint(0, len(samples), (16,), generator=torch.Generator().manual_seed(step))
+        return samples[idx, :-1], samples[idx, 1:]
+
+    draft = set_precision(_train(ModelConfig(dim=64, n_layers=1, n_heads=2, max_seq_len=prompt_len + new + 16), task,
+                                 tc, teacher=trained, batch=sample_batch), "fp32")
+    prompts = [task.val_ids[s:s + prompt_len].tolist() for s in (2000, 9000, 16000)]
+    base = [generate(target, p, new).tokens for p in prompts]
     ks = [1, 2, 4, 6]
     rows, speed, acc, same = [], [], [], True
     for k in ks:
         # the verify pass has k+1 rows: the target's weights are laid out for that size (quantize.DenseLinear),
         # and plain decoding counts at the faster of the two layouts
         target_k = set_precision(copy.deepcopy(trained), "fp32", rows=k + 1)
-        out = speculative_generate(target_k, prompt, new, k=k, draft=draft)
-        plain_s = min(generate(m, prompt, new).stats.total_s for m in (target, target_k))
-        same &= out.tokens == base.tokens
-        s = plain_s / out.stats.total_s
+        plain_s = [0.0, 0.0]
+        spec_s, accepted, proposed, identical = 0.0, 0, 0, True
+        for p, expected in zip(prompts, base):
+            for j, m in enumerate((target, target_k)):
+                plain_s[j] += generate(m, p, new).stats.total_s
+            out = speculative_generate(target_k, p, new, k=k, draft=draft)
+            spec_s += out.stats.total_s
+            accepted += round(out.stats.accepted * out.stats.proposed)
+            proposed += out.stats.proposed
+            identical &= out.tokens == expected
+        same &= identical
+        s = min(plain_s) / spec_s
         speed.append(s)
-        acc.append(out.stats.accepted)
-        rows.append({"k": k, "speedup": s, "acceptance": out.stats.accepted, "identical": out.tokens == base.tokens})
+        acc.append(accepted / max(1, proposed))
+        rows.append({"k": k, "speedup": s, "acceptance": acc[-1], "identical": identical})
     best = max(speed)
     ok = None if same and 1.0 <= best < 1.2 else (same and best >= 1.2)
     return Outcome(verdict(ok), f"best speedup {best:.2f}x (k={ks[speed.index(best)]}), acceptance {acc[0]:.0%} at k=1 "
@@ -54,5 +82,6 @@ def run(scale: str, device: str) -> Outcome:
                    {"rows": rows, "identical": same}, [
                        Plot("Speedup vs k", "k (draft tokens per round)", "x plain decode", [Series("speedup", ks, speed)]),
                        Plot("Acceptance vs k", "k", "accepted / proposed", [Series("acceptance", ks, acc)])], rows,
-                   [f"Target ~2.7M and draft ~0.07M parameters, both trained {steps} steps on the embedded corpus; "
-                    "on a CPU the draft's per-token overhead is a large share of the target's cost."])
+                   [f"Target ~2.7M parameters trained {steps} steps on the embedded corpus; draft ~0.07M distilled from "
+                    f"it {steps} steps on its greedy continuations of {len(samples)} training-split prompts; 3 held-out "
+                    "prompts. On a CPU the draft's per-token overhead is a large share of so small a target's cost."])
