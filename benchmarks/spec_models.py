@@ -32,24 +32,18 @@ DRAFT = ModelConfig(vocab_size=256, dim=128, n_layers=1, n_heads=4, hidden_dim=5
 
 def write_samples(target_dir: Path, out: Path, n: int = 480, prompt_len: int = 200, new_tokens: int = 128,
                   batch: int = 32) -> None:
-    """The target's greedy continuations of n training-split prompts, `batch` prompts per generate call
-    (equal lengths, so no padding: a batch of 32 decodes ~20x faster than one prompt at a time here)."""
+    """The target's greedy continuations of n training-split prompts, one file each."""
     from attnlab.data.tasks import make_task
-    from attnlab.engine import generate
+    from attnlab.engine.generate import sample_continuations
     from attnlab.engine.quantize import set_precision
     from attnlab.loading import load_any
 
     model = set_precision(load_any(target_dir).model, "fp32", rows=batch)
     ids = make_task(TrainConfig(seq_len=256, batch_size=8)).train_ids
-    starts = torch.randint(0, len(ids) - prompt_len - new_tokens, (n,),
-                           generator=torch.Generator().manual_seed(123)).tolist()
     tmp = out.with_name(out.name + ".partial")
     tmp.mkdir(parents=True, exist_ok=True)
-    for b in range(0, n, batch):
-        prompts = [ids[s:s + prompt_len].tolist() for s in starts[b:b + batch]]
-        outs = generate(model, prompts, new_tokens).completions
-        for j, (prompt, comp) in enumerate(zip(prompts, outs)):
-            (tmp / f"sample{b + j:04d}.txt").write_bytes(bytes(prompt + comp.tokens))
+    for j, seq in enumerate(sample_continuations(model, ids, n, prompt_len, new_tokens, seed=123, batch=batch)):
+        (tmp / f"sample{j:04d}.txt").write_bytes(bytes(seq))
     tmp.rename(out)  # complete or absent: a killed run starts the samples again
 
 

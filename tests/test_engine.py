@@ -200,3 +200,18 @@ def test_precisions_keep_the_model(dtype):
     tol = {"fp32": 1e-4, "bf16": 0.05, "int8": 0.08}[dtype]
     assert (out - ref).abs().max() <= tol * ref.abs().max()
     assert generate(fast, [1, 2, 3], 4).tokens  # and it still decodes through the contract
+
+
+def test_sample_continuations_are_prompts_from_the_text_and_greedy_continuations():
+    from attnlab.engine.generate import sample_continuations
+
+    model = lively(dim=64, n_heads=4)
+    ids = torch.randint(0, 37, (400,), generator=torch.Generator().manual_seed(3))
+    seqs = sample_continuations(model, ids, n=5, prompt_len=12, new_tokens=6, seed=4, batch=2)  # a partial batch
+    assert len(seqs) == 5 and all(len(s) == 18 for s in seqs)
+    text = ids.tolist()
+    for s in seqs:
+        prompt = s[:12]
+        assert any(text[i:i + 12] == prompt for i in range(len(text) - 11))
+        assert s[12:] == generate(model, prompt, 6).tokens
+    assert sample_continuations(model, ids, 5, 12, 6, seed=4, batch=5) == seqs  # seeded; batching changes nothing

@@ -6,6 +6,7 @@ import torch
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.tasks import make_task
 from attnlab.engine import generate
+from attnlab.engine.generate import sample_continuations
 from attnlab.engine.quantize import set_precision
 from attnlab.engine.speculative import speculative_generate
 from attnlab.experiments.base import Outcome, Plot, Series, verdict
@@ -24,18 +25,6 @@ def _train(cfg, task, tc, teacher=None, batch=None):
     return train_in_memory(build_model(cfg), batch or task.batch, tc, teacher=teacher)
 
 
-def _target_samples(target, task, n: int, prompt_len: int, new: int) -> torch.Tensor:
-    """(n, prompt_len + new) training-split prompts and the target's greedy continuations: the text a draft
-    is asked to predict (distilling on it raised a draft's agreement from 60% to 77% in benchmarks/)."""
-    starts = torch.randint(0, len(task.train_ids) - prompt_len, (n,), generator=torch.Generator().manual_seed(1))
-    prompts = [task.train_ids[s:s + prompt_len].tolist() for s in starts.tolist()]
-    seqs = []
-    for b in range(0, n, 32):  # equal lengths, no padding: a batch decodes far faster than one prompt at a time
-        outs = generate(target, prompts[b:b + 32], new).completions
-        seqs += [p + c.tokens for p, c in zip(prompts[b:b + 32], outs)]
-    return torch.tensor(seqs)
-
-
 def run(scale: str, device: str) -> Outcome:
     steps = 150 if scale == "quick" else 1500
     tc = TrainConfig(seq_len=96, batch_size=16, steps=steps, warmup_steps=steps // 10, corpus_max_bytes=3_000_000)
@@ -44,7 +33,10 @@ def run(scale: str, device: str) -> Outcome:
     target = set_precision(copy.deepcopy(trained), "fp32")
     new = 64 if scale == "quick" else 200
     prompt_len = 128
-    samples = _target_samples(target, task, 64 if scale == "quick" else 256, prompt_len, new)
+    # the target's own continuations of training-split prompts: the text the draft will be asked to predict
+    # (distilling on it raised a draft's agreement from 60% to 77% in benchmarks/spec_models.py)
+    samples = torch.tensor(sample_continuations(target, task.train_ids, 64 if scale == "quick" else 256,
+                                                prompt_len, new, seed=1))
 
     def sample_batch(step):  # whole sample sequences, 16 at a time
         idx = torch.randint(0, len(samples), (16,), generator=torch.Generator().manual_seed(step))
