@@ -80,6 +80,7 @@ def test_empty_prompt_and_empty_corpus(trained, tmp_path):
     (["--temperature", "-0.5"], "temperature=-0.5 must be >= 0"),
     (["--top-p", "0"], "top_p=0.0 must be in (0, 1]"),
     (["--top-k", "-1"], "top_k=-1 must be >= 0"),
+    (["--prompt-lookup", "--k", "-1"], "--k -1: a speculative round needs at least 1 draft token"),
 ])
 def test_generate_bad_sampling_flags(trained, args, needle):
     out, _ = trained
