@@ -173,8 +173,8 @@ def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", dtyp
         tensors = load_file(str(folder / WEIGHTS))
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{folder / WEIGHTS}: unreadable safetensors file ({e})") from None
-    load_weights(model, tensors, str(folder / WEIGHTS))
-    _rebuild_buffers(model)
+    load_weights(model, model.upgrade_state_dict(tensors), str(folder / WEIGHTS))
+    model.rebuild_buffers()
     model = model.to(device)
     if dtype is not None:
         model = model.to(dtype)
@@ -194,26 +194,13 @@ def load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor], sourc
             raise CheckpointError(f"{source}: tensor {name} has shape {tuple(t.shape)}, the config needs "
                                   f"{tuple(want)}; was config.json edited?")
     model.load_state_dict(tensors, strict=False, assign=True)
-    if getattr(model.cfg, "tie_embeddings", False):
-        model.head.weight = model.tok_emb.weight  # assign=True replaced the shared Parameter
+    model.tie_weights()  # assign=True replaced the shared Parameter
 
 
 def unique_state_dict_names(model: torch.nn.Module) -> list[str]:
     """The names a weights file must hold: every state_dict entry but the tied head (an alias)."""
     tied = getattr(model.cfg, "tie_embeddings", False)
     return [n for n in model.state_dict() if not (tied and n == "head.weight")]
-
-
-def _rebuild_buffers(model: torch.nn.Module) -> None:
-    """Non-persistent buffers (RoPE frequencies, ALiBi slopes) were made on meta: recompute them."""
-    from attnlab.models.positional import build_positional
-
-    if hasattr(model, "pos_enc"):
-        device = model.tok_emb.weight.device
-        fresh = build_positional(model.cfg).to(device)
-        if hasattr(model.pos_enc, "table"):  # learned table: keep the loaded weights
-            fresh.table = model.pos_enc.table
-        model.pos_enc = fresh
 
 
 def load_trainer_state(folder: str | Path):

@@ -17,14 +17,14 @@ from conftest import FAMILIES, KERNELS as KERNEL_NAMES, POSITIONS, tiny
 def test_sdpa_equals_naive(H, Hkv, alibi, T, S, causal):
     q = torch.randn(2, H, T, 16)
     k, v = torch.randn(2, Hkv, S, 16), torch.randn(2, Hkv, S, 16)
-    kw = dict(q_offset=S - T, causal=causal, alibi_slopes=alibi_slopes(H) if alibi else None, scale=0.25)
+    kw = dict(causal=causal, alibi_slopes=alibi_slopes(H) if alibi else None, scale=0.25)
     torch.testing.assert_close(KERNELS["sdpa"](q, k, v, **kw), KERNELS["naive"](q, k, v, **kw),
                                atol=1e-5, rtol=1e-4)
 
 
 def test_naive_causal_mask_is_really_applied():
     q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
-    kw = dict(q_offset=0, alibi_slopes=None, scale=1.0)
+    kw = dict(alibi_slopes=None, scale=1.0)
     a = KERNELS["naive"](q, k, v, causal=True, **kw)
     b = KERNELS["naive"](q, k, v, causal=False, **kw)
     torch.testing.assert_close(a[:, :, -1], b[:, :, -1])  # the last query sees every key either way

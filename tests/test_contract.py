@@ -21,7 +21,7 @@ def test_one_pass_equals_single_steps(kw):
         assert none_state is None
         state = model.new_state(3, 32)
         steps = [model(tokens[:, t:t + 1], state)[0] for t in range(20)]
-    assert state.pos == 20
+    assert state.pos.tolist() == [20, 20, 20]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=2e-5, rtol=1e-4)
 
 
@@ -56,7 +56,7 @@ def test_kv_cache_bytes_and_position():
     assert state.bytes_per_token == per_token
     assert state.nbytes == per_token * 40 * 3
     model(torch.randint(0, 37, (3, 7)), state)
-    assert state.pos == 7 and state.used_bytes == per_token * 7 * 3
+    assert state.pos.tolist() == [7, 7, 7] and state.used_bytes == per_token * 7 * 3
     bf16 = model.new_state(1, 10, dtype=torch.bfloat16)
     assert bf16.nbytes == per_token // 2 * 10
 
@@ -67,7 +67,7 @@ def test_recurrent_state_is_fixed_size(family):
     small, big = model.new_state(2, 8), model.new_state(2, 100_000)
     assert small.nbytes == big.nbytes == 2 * 32 * 2 * 4 * (2 if family == "lstm" else 1)
     model(torch.randint(0, 37, (2, 5)), small)
-    assert small.pos == 5
+    assert small.pos.tolist() == [5, 5]
 
 
 def test_cache_overflow_is_a_clear_error():

@@ -46,30 +46,36 @@ def _assert_same(a, b):
 @pytest.mark.parametrize("causal", [True, False])
 def test_flash_equals_naive_forward_and_gradients(small_tiles, H, Hkv, T, S, alibi, causal):
     q, k, v = _inputs(H, Hkv, T, S)
-    kw = dict(q_offset=S - T, causal=causal, alibi_slopes=alibi_slopes(H) if alibi else None, scale=0.3)
+    kw = dict(causal=causal, alibi_slopes=alibi_slopes(H) if alibi else None, scale=0.3)
     _assert_same(_fwd_bwd("flash", q, k, v, **kw), _fwd_bwd("naive", q, k, v, **kw))
 
 
-def test_flash_with_padding_mask(small_tiles):
-    q, k, v = _inputs(4, 2, 40, 40)
-    kw = dict(q_offset=0, causal=True, alibi_slopes=None, scale=0.3, kv_start=torch.tensor([0, 13]))
-    _assert_same(_fwd_bwd("flash", q, k, v, **kw), _fwd_bwd("naive", q, k, v, **kw))
+@pytest.mark.parametrize("kernel", ["flash", "sliding"])
+@pytest.mark.parametrize("alibi", [False, True])
+def test_flash_with_per_row_positions_and_key_lengths(small_tiles, kernel, alibi):
+    """A ragged batch: row 0's 9 queries sit at 31..39 over 40 keys, row 1's at 5..13 over its first 14."""
+    q, k, v = _inputs(4, 2, 9, 40)
+    q_pos = torch.stack([torch.arange(31, 40), torch.arange(5, 14)])
+    kw = dict(causal=True, alibi_slopes=alibi_slopes(4) if alibi else None, scale=0.3, q_pos=q_pos,
+              kv_len=torch.tensor([40, 14]))
+    extra = dict(window=6) if kernel == "sliding" else {}
+    _assert_same(_fwd_bwd(kernel, q, k, v, **kw, **extra), _fwd_bwd("naive", q, k, v, **kw, **extra))
 
 
 @pytest.mark.parametrize("window", [1, 5, 23, 100])
 @pytest.mark.parametrize("T,S", [(45, 45), (7, 52), (1, 30)])
 def test_sliding_equals_naive_with_a_banded_mask(small_tiles, window, T, S):
     q, k, v = _inputs(4, 2, T, S)
-    kw = dict(q_offset=S - T, causal=True, alibi_slopes=None, scale=0.3, window=window)
+    kw = dict(causal=True, alibi_slopes=None, scale=0.3, window=window)
     _assert_same(_fwd_bwd("sliding", q, k, v, **kw), _fwd_bwd("naive", q, k, v, **kw))
 
 
 @pytest.mark.parametrize("T,block", [(64, 8), (61, 8), (30, 5), (100, 10)])
 def test_block_sparse_equals_naive_with_its_mask(T, block):
     q, k, v = _inputs(4, 2, T, T)
-    mask = pattern_mask(T, T, 0, block, "cpu")
-    a = _fwd_bwd("block_sparse", q, k, v, q_offset=0, causal=True, alibi_slopes=None, scale=0.3, block_size=block)
-    b = _fwd_bwd("naive", q, k, v, q_offset=0, causal=False, alibi_slopes=None, scale=0.3, extra_mask=mask)
+    mask = pattern_mask(T, T, None, block, "cpu")
+    a = _fwd_bwd("block_sparse", q, k, v, causal=True, alibi_slopes=None, scale=0.3, block_size=block)
+    b = _fwd_bwd("naive", q, k, v, causal=False, alibi_slopes=None, scale=0.3, extra_mask=mask)
     _assert_same(a, b)
     assert int(mask.sum()) == pairs_scored(T, block)
 
@@ -125,7 +131,7 @@ def test_sliding_window_cache_has_constant_bytes():
         model(torch.randint(0, 50, (1, 20)), state)
         for _ in range(50):
             model(torch.randint(0, 50, (1, 1)), state)
-    assert state.nbytes == before and state.pos == 70
+    assert state.nbytes == before and state.pos.tolist() == [70]
 
 
 def _depths(cfg_kw, lens):

@@ -1,10 +1,11 @@
 """``Engine``: one model + tokenizer, streaming text as tokens are chosen, reusing cached prefixes.
 
-The engine keeps one state (a KV cache sized to the model's context, allocated once, or the
-recurrent state) and the tokens it holds. A new request that shares a prefix with them skips
-recomputing it: a KV cache is rolled back to the shared length (later slots are simply overwritten);
-a recurrent state can only be reused when the new prompt extends exactly what it has read.
-This is what makes a multi-turn chat cost O(new tokens) per turn instead of O(history).
+The engine keeps one scheduler across requests. For softmax attention its KV cache is paged: a finished
+request's full blocks stay keyed by their prefix in the pool, so a new request that starts the same way
+(the next turn of a chat) takes them instead of recomputing them. States that cannot be shared by block (a
+recurrent, linear-attention or SSM state, a sliding ring) are kept whole after a request and reused when
+the next prompt extends exactly what they have read. This is what makes a multi-turn chat cost O(new
+tokens) per turn instead of O(history).
 """
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from attnlab.engine.generate import (Completion, GenerationOutput, StopChecker, _finish, check_request, run_steps)
+from attnlab.engine.generate import GenerationOutput, check_request, finish_output
 from attnlab.engine.sampling import SamplingParams
+from attnlab.engine.scheduler import Scheduler, Sequence
+from attnlab.engine.stops import StopChecker
 from attnlab.errors import AttnlabError
 
 
@@ -29,13 +32,20 @@ class StreamEvent:
 
 
 class Engine:
-    def __init__(self, model, tokenizer=None, cache_dtype=None, prefix_reuse: bool = True):
+    def __init__(self, model, tokenizer=None, cache_dtype=None, prefix_reuse: bool = True, kv_blocks: int | None = None,
+                 block_size: int = 16):
         self.model = model
         self.tokenizer = tokenizer
         self.cache_dtype = cache_dtype
         self.prefix_reuse = prefix_reuse
-        self._state = None
-        self._held: list[int] = []  # tokens whose keys/values (or recurrent effect) the state holds
+        cfg = model.cfg
+        self.paged = cfg.family == "transformer" and cfg.kernel != "sliding"
+        pool = None
+        if self.paged:  # room for a full context plus what the prefix cache keeps beside it
+            pool = model.new_pool(kv_blocks or 2 * -(-cfg.max_seq_len // block_size), block_size, cache_dtype)
+        self.scheduler = Scheduler(model, max_len=cfg.max_seq_len, cache_dtype=cache_dtype, pool=pool,
+                                   keep_finished=not self.paged)
+        self._kept = None  # non-paged: the last request's state and the tokens it has read
 
     def encode(self, prompt: str | bytes | list[int]) -> list[int]:
         if isinstance(prompt, list):
@@ -49,62 +59,58 @@ class Engine:
                 raise AttnlabError(f"the prompt is not valid UTF-8 ({e}); fix the input encoding") from None
         return self.tokenizer.encode(prompt)
 
-    def _claim_state(self, prompt: list[int], max_new_tokens: int):
-        """-> (state, tokens already in it). Reuses the held state when the prompt shares its prefix."""
-        model = self.model
-        need = len(prompt) + max_new_tokens
-        state, shared = self._state, 0
-        if self.prefix_reuse and state is not None and self._held:
-            shared = _common_prefix(prompt, self._held)
-            shared = min(shared, len(prompt) - 1)  # at least one prompt token must run to give logits
-            capacity = getattr(state, "max_len", None)
-            try:
-                if shared <= 0 or (capacity is not None and need > capacity):
-                    raise AttnlabError("no reuse")
-                state.rollback(shared)
-            except AttnlabError:
-                state, shared = None, 0
-        else:
-            state = None
-        if state is None:
-            size = need if model.cfg.is_recurrent else max(need, model.cfg.max_seq_len)
-            if self._state is not None and getattr(self._state, "max_len", -1) >= size:
-                state = self._state  # the preallocated cache, reused from slot 0
-            else:
-                state = model.new_state(1, size, dtype=self.cache_dtype)
-            state.reset()
-        return state, shared
+    def _reusable_state(self, ids: list[int]):
+        """Non-paged states: the kept state when the prompt extends exactly what it has read."""
+        if self.paged or not self.prefix_reuse or self._kept is None:
+            return None
+        state, held = self._kept
+        self._kept = None
+        if len(held) < len(ids) and ids[:len(held)] == held:
+            return state
+        return None
 
     def stream(self, prompt, max_new_tokens: int = 64, params: SamplingParams | None = None, stop_tokens=(),
                stop_strings=(), truncate: str | None = None) -> Iterator[StreamEvent]:
         params = params or SamplingParams()
         ids = check_request(self.model, [self.encode(prompt)], max_new_tokens, truncate)[0]
         stopper = StopChecker(stop_tokens, stop_strings, self.tokenizer)
-        state, shared = self._claim_state(ids, max_new_tokens)
-        self._state, self._held = state, []  # if this request fails half-way, nothing stale is reused
-        comp = Completion(tokens=[], logprobs=[])
-        stamps, emitted = [], ""
+        seq = Sequence(ids, max_new_tokens, params, stopper)
+        seq.state = self._reusable_state(ids)
+        if self.paged and not self.prefix_reuse:
+            seq.state = self.model.new_state(1, pool=self.scheduler.pool)  # an empty row: no cached prefix
         t0 = time.perf_counter()
-        steps = run_steps(self.model, [ids], max_new_tokens, params, stopper, True, self.cache_dtype, state, shared)
-        for step, tok, lp, finished, now, state in steps:
-            comp.tokens.append(tok[0])
-            comp.logprobs.append(lp[0])
-            stamps.append(now)
-            last = finished[0] or step == max_new_tokens - 1
-            delta = ""
-            if self.tokenizer is not None:
-                text = self.tokenizer.decode_text(comp.tokens)
-                if stopper.stop_strings:
-                    text = stopper.trim_text(text)
-                if last or not text.endswith("\ufffd"):  # hold back a character still incomplete
-                    delta, emitted = text[len(emitted):], text
-            if last:
-                comp.finish_reason = "stop" if finished[0] else "length"
-                self._held = ids + comp.tokens[:-1]  # the last token was sampled, never fed
-                output = _finish([comp], stamps, [ids], stopper, self.tokenizer, state, True, shared)
-                yield StreamEvent(step, tok[0], delta, lp[0], time.perf_counter() - t0, comp.finish_reason, output)
-                return
-            yield StreamEvent(step, tok[0], delta, lp[0], now)
+        self.scheduler.submit(seq)
+        emitted = ""
+        try:
+            while not seq.done:
+                for event in self.scheduler.step():
+                    if event.seq is not seq:
+                        continue
+                    delta = ""
+                    if self.tokenizer is not None:
+                        text = self.tokenizer.decode_text(seq.tokens)
+                        if stopper.stop_strings:
+                            text = stopper.trim_text(text)
+                        if event.finished or not text.endswith("\ufffd"):  # hold back an incomplete character
+                            delta, emitted = text[len(emitted):], text
+                    i = len(seq.tokens) - 1
+                    if event.finished:
+                        if seq.state is not None:  # keep_finished: reusable by the next request
+                            self._kept, seq.state = (seq.state, seq.text[:-1]), None
+                        output = finish_output([seq], seq.stamps_s, self.tokenizer, self._state_bytes(seq), True)
+                        yield StreamEvent(i, event.token, delta, event.logprob, time.perf_counter() - t0,
+                                          seq.finish_reason, output)
+                        return
+                    yield StreamEvent(i, event.token, delta, event.logprob, time.perf_counter() - t0)
+        finally:
+            self.scheduler.cancel(seq)  # a consumer that stops early frees the sequence's state
+
+    def _state_bytes(self, seq: Sequence) -> int:
+        """Bytes the request's state held at its end: its blocks, or the whole kept state."""
+        if self.paged:
+            pool = self.scheduler.pool
+            return -(-(len(seq.text) - 1) // pool.block_size) * pool.bytes_per_block
+        return self._kept[0].nbytes if self._kept else 0
 
     def generate(self, prompt, max_new_tokens: int = 64, params: SamplingParams | None = None, stop_tokens=(),
                  stop_strings=(), truncate: str | None = None) -> GenerationOutput:
@@ -112,11 +118,3 @@ class Engine:
             if event.output is not None:
                 return event.output
         raise AssertionError("stream ended without a final event")
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

@@ -1,25 +1,28 @@
-"""Prefill and decode over the model contract, for batches of prompts of different lengths.
+"""Generation for a batch of prompts, on the scheduler's one step.
 
     state = model.new_state(B, max_len)        # KV cache (written by index) or recurrent state
     logits = prefill(model, prompts, state)    # one parallel pass over every prompt token
     repeat: logits = decode_one_token(model, next_ids, state)   # one dependent step per token
 
-Prompts of different lengths are left-padded; the state records each sequence's padding so that
-attention masks the pad slots and positions count from each sequence's first real token (recurrent
-states simply do not change on pad slots). ``use_cache=False`` recomputes the whole prefix for every
-new token, for comparison. Timings are what a user waits for: time-to-first-token (TTFT) runs from
-the call until the first new token of every sequence exists; time per output token (TPOT) is the
-rest of the time over the remaining steps.
+``generate`` submits every prompt to a ``Scheduler`` and steps it until all are done: the prompts, of any
+lengths, are prefilled in one ragged forward, then each step decodes every unfinished sequence by one
+token, each at its own position. ``use_cache=False`` recomputes the whole text for every new token, for
+comparison. Timings are what a user waits for: time-to-first-token (TTFT) runs from the call until the
+first new token of every sequence exists; time per output token (TPOT) is the rest of the time over the
+remaining steps.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 
 from attnlab.engine.sampling import SamplingParams, sample
+from attnlab.engine.scheduler import Scheduler
+from attnlab.engine.scheduler import Sequence as Seq
+from attnlab.engine.stops import StopChecker
 from attnlab.errors import AttnlabError
 
 
@@ -33,7 +36,9 @@ class GenerationStats:
     state_bytes: int
     use_cache: bool = True
     reused_prefix_tokens: int = 0
-    accepted: float | None = None  # speculative decoding: mean accepted draft tokens per verification
+    accepted: float | None = None  # speculative decoding: share of proposed draft tokens accepted
+    rounds: int = 0  # speculative decoding: verification passes
+    proposed: int = 0  # speculative decoding: draft tokens proposed
 
     @property
     def prefill_tok_per_s(self) -> float:
@@ -48,7 +53,7 @@ class GenerationStats:
                 "tpot_s": self.tpot_s, "total_s": self.total_s, "prefill_tok_per_s": self.prefill_tok_per_s,
                 "decode_tok_per_s": self.decode_tok_per_s, "cache_bytes": self.state_bytes,
                 "use_cache": self.use_cache, "reused_prefix_tokens": self.reused_prefix_tokens,
-                "accepted": self.accepted}
+                "accepted": self.accepted, "rounds": self.rounds, "proposed": self.proposed}
 
 
 @dataclass
@@ -70,9 +75,9 @@ class GenerationOutput:
         return self.completions[0].tokens
 
 
-def prefill(model, tokens: torch.Tensor, state) -> torch.Tensor:
-    """Run the prompt (B, T) through the model in one pass; return the last position's logits (B, V)."""
-    logits, _ = model(tokens, state, last_only=True)
+def prefill(model, tokens: torch.Tensor, state, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Run the prompts (B, T) through the model in one pass; return each row's last real logits (B, V)."""
+    logits, _ = model(tokens, state, last_only=True, lengths=lengths)
     return logits[:, -1]
 
 
@@ -114,132 +119,88 @@ def check_request(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, 
     return out
 
 
-def pad_left(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """-> tokens (B, T_max) left-padded with 0, pad (B,) or None when all lengths are equal."""
-    longest = max(len(p) for p in prompts)
-    pads = [longest - len(p) for p in prompts]
-    tokens = torch.tensor([[0] * n + p for n, p in zip(pads, prompts)], device=device)
-    return tokens, (torch.tensor(pads, device=device) if any(pads) else None)
-
-
-class StopChecker:
-    """Stop tokens end a sequence at once; stop strings end it when its decoded text contains one."""
-
-    def __init__(self, stop_tokens=(), stop_strings=(), tokenizer=None):
-        self.stop_tokens = set(stop_tokens)
-        self.stop_strings = [s for s in stop_strings if s]
-        if self.stop_strings and tokenizer is None:
-            raise AttnlabError("stop strings need a tokenizer to decode the generated text")
-        self.tokenizer = tokenizer
-        # A stop string that just completed lies within its own length in tokens (each token >= 1 byte).
-        self.window = max((len(s.encode()) for s in self.stop_strings), default=0) + 4
-
-    def done(self, tokens: list[int]) -> bool:
-        if tokens and tokens[-1] in self.stop_tokens:
-            return True
-        if self.stop_strings:
-            tail = self.tokenizer.decode_text(tokens[-self.window:])
-            return any(s in tail for s in self.stop_strings)
-        return False
-
-    def trim_text(self, text: str) -> str:
-        cut = min((text.find(s) for s in self.stop_strings if s in text), default=-1)
-        return text[:cut] if cut >= 0 else text
-
-
-def run_steps(model, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams, stopper: StopChecker,
-              use_cache: bool = True, cache_dtype=None, state=None, start: int = 0) -> Iterator[tuple]:
-    """The generation loop. Yields (step, ids (B,), logprobs (B,), finished (B,) bool, seconds since call).
-
-    ``state``/``start``: a state already holding prompts[0][:start] (prefix reuse, batch of one)."""
-    device = next(model.parameters()).device
-    B = len(prompts)
-    gen = torch.Generator(device=device).manual_seed(params.seed)
-    history = [list(p) for p in prompts]  # prompt + generated, for the repetition penalty and no-cache mode
-    finished = [False] * B
-    new_counts = [0] * B
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        if use_cache:
-            if state is None:
-                longest = max(len(p) for p in prompts)
-                state = model.new_state(B, longest + max_new_tokens, dtype=cache_dtype)
-            tokens, pad = pad_left([p[start:] for p in prompts], device) if start == 0 else (
-                torch.tensor([prompts[0][start:]], device=device), None)
-            if start == 0:
-                state.pad = pad
-            logits = prefill(model, tokens, state)
-        else:
-            logits = _recompute(model, history, device)
-        for step in range(max_new_tokens):
-            seen = _seen(history, device) if params.repetition_penalty != 1.0 else None
-            ids, logprobs = sample(logits, params, gen, seen)
-            id_list = ids.tolist()  # the host now has the tokens: they exist
-            for b in range(B):
-                if not finished[b]:
-                    history[b].append(id_list[b])
-                    new_counts[b] += 1
-                    finished[b] = stopper.done(history[b][len(prompts[b]):])
-            now = time.perf_counter() - t0
-            yield step, id_list, logprobs.tolist(), list(finished), now, state
-            if all(finished) or step == max_new_tokens - 1:
-                return
-            if use_cache:
-                logits = decode_one_token(model, ids, state)
-            else:
-                logits = _recompute(model, history, device)
-
-
-def _recompute(model, history: list[list[int]], device) -> torch.Tensor:
-    """No cache: run the whole sequence so far through a fresh state, every step (O(n) work per token)."""
-    tokens, pad = pad_left(history, device)
-    state = model.new_state(len(history), tokens.shape[1])
-    state.pad = pad
-    return prefill(model, tokens, state)
-
-
-def _seen(history: list[list[int]], device) -> torch.Tensor:
-    longest = max(len(h) for h in history)
-    return torch.tensor([h + [-1] * (longest - len(h)) for h in history], device=device)
-
-
 def generate(model, prompts: Sequence[Sequence[int]] | Sequence[int], max_new_tokens: int,
              params: SamplingParams | None = None, stop_tokens=(), stop_strings=(), tokenizer=None,
-             use_cache: bool = True, cache_dtype=None, truncate: str | None = None) -> GenerationOutput:
-    """Generate for one prompt (a list of ids) or a batch (a list of lists). Returns completions + timings."""
+             use_cache: bool = True, cache_dtype=None, truncate: str | None = None, paged: bool = False,
+             proposer=None) -> GenerationOutput:
+    """Generate for one prompt (a list of ids) or a batch (a list of lists). Returns completions + timings.
+
+    Every prompt runs with the same sampling settings, each sequence with its own seeded generator."""
     params = params or SamplingParams()
     if not prompts or isinstance(prompts[0], int):  # one prompt given as a flat list of ids
         prompts = [list(prompts)]
     prompts = check_request(model, prompts, max_new_tokens, truncate)
-    stopper = StopChecker(stop_tokens, stop_strings, tokenizer)
-    B = len(prompts)
-    comps = [Completion(tokens=[], logprobs=[]) for _ in range(B)]
-    stamps, state, done_before = [], None, [False] * B
-    for step, ids, logprobs, finished, now, state in run_steps(model, prompts, max_new_tokens, params, stopper,
-                                                               use_cache, cache_dtype):
-        stamps.append(now)
-        for b in range(B):
-            if not done_before[b]:  # a sequence takes one token per step until the step that stopped it
-                comps[b].tokens.append(ids[b])
-                comps[b].logprobs.append(logprobs[b])
-                if finished[b]:
-                    comps[b].finish_reason = "stop"
-        done_before = finished
-    return _finish(comps, stamps, prompts, stopper, tokenizer, state, use_cache)
+    t0 = time.perf_counter()
+    if not use_cache:
+        return _generate_recomputing(model, prompts, max_new_tokens, params, stop_tokens, stop_strings, tokenizer)
+    extra = proposer.k + 1 if proposer is not None else 0
+    sched = Scheduler(model, max_len=max(len(p) for p in prompts) + max_new_tokens + extra, cache_dtype=cache_dtype,
+                      paged=paged, proposer=proposer)
+    seqs = [sched.submit(Seq(p, max_new_tokens, params, StopChecker(stop_tokens, stop_strings, tokenizer)))
+            for p in prompts]
+    stamps = []
+    state_bytes = 0
+    while sched.has_work:
+        if sched.step():
+            stamps.append(time.perf_counter() - t0)
+            state_bytes = max(state_bytes, sched.state.nbytes + sched.prefill_state.nbytes)
+    return finish_output(seqs, stamps, tokenizer, state_bytes, True, t0=t0)
 
 
-def _finish(comps, stamps, prompts, stopper, tokenizer, state, use_cache, reused: int = 0) -> GenerationOutput:
-    ttft = stamps[0]
-    tpot = (stamps[-1] - ttft) / (len(stamps) - 1) if len(stamps) > 1 else 0.0
-    if tokenizer is not None:
-        for c in comps:
-            c.text = stopper.trim_text(tokenizer.decode_text(c.tokens)) if stopper.stop_strings else \
-                tokenizer.decode_text(c.tokens)
-    stats = GenerationStats(prompt_tokens=sum(len(p) for p in prompts), new_tokens=sum(len(c.tokens) for c in comps),
-                            ttft_s=ttft, tpot_s=tpot, total_s=stamps[-1],
-                            state_bytes=state.nbytes if state is not None else 0, use_cache=use_cache,
-                            reused_prefix_tokens=reused)
-    return GenerationOutput(completions=comps, stats=stats, timings_s=stamps)
+def _generate_recomputing(model, prompts, max_new_tokens, params, stop_tokens, stop_strings, tokenizer):
+    """No cache: run the whole text so far through a fresh state for every new token (O(n) work per token)."""
+    t0 = time.perf_counter()
+    seqs = [Seq(p, max_new_tokens, params, StopChecker(stop_tokens, stop_strings, tokenizer)) for p in prompts]
+    for s in seqs:
+        s.submitted, s.gen = t0, torch.Generator(device=next(model.parameters()).device).manual_seed(params.seed)
+    stamps = []
+    with torch.inference_mode():
+        while not all(s.done for s in seqs):
+            live = [s for s in seqs if not s.done]
+            texts = [s.text for s in live]
+            lengths = torch.tensor([len(t) for t in texts])
+            T = int(lengths.max())
+            tokens = torch.tensor([t + [0] * (T - len(t)) for t in texts], device=next(model.parameters()).device)
+            logits = prefill(model, tokens, model.new_state(len(live), T), lengths)
+            now = time.perf_counter() - t0
+            for r, s in enumerate(live):
+                seen = torch.tensor([s.text], device=logits.device) if params.repetition_penalty != 1.0 else None
+                ids, lps = sample(logits[r:r + 1], params, s.gen, seen)
+                s.tokens.append(int(ids[0]))
+                s.logprobs.append(float(lps[0]))
+                s.stamps_s.append(now)
+                if s.stopper.done(s.tokens):
+                    s.finish_reason = "stop"
+                elif len(s.tokens) >= s.max_new_tokens:
+                    s.finish_reason = "length"
+            stamps.append(now)
+    return finish_output(seqs, stamps, tokenizer, 0, False, t0=t0)
+
+
+def finish_output(seqs: list[Seq], stamps: list[float], tokenizer, state_bytes: int, use_cache: bool,
+                  t0: float | None = None) -> GenerationOutput:
+    """Completions and timings of finished sequences. TTFT: until every sequence's first token existed."""
+    comps = []
+    for s in seqs:
+        text = None
+        if tokenizer is not None:
+            text = tokenizer.decode_text(s.tokens)
+            if s.stopper.stop_strings:
+                text = s.stopper.trim_text(text)
+        comps.append(Completion(tokens=list(s.tokens), logprobs=list(s.logprobs),
+                                finish_reason="stop" if s.finish_reason == "stop" else "length", text=text))
+    offset = (seqs[0].submitted - t0) if t0 is not None and seqs[0].submitted else 0.0
+    ttft = max(s.stamps_s[0] for s in seqs) + offset
+    total = max(s.stamps_s[-1] for s in seqs) + offset
+    steps = max(len(s.tokens) for s in seqs)
+    tpot = (total - ttft) / (steps - 1) if steps > 1 else 0.0
+    proposed = sum(s.proposed for s in seqs)
+    stats = GenerationStats(prompt_tokens=sum(len(s.prompt) for s in seqs), new_tokens=sum(len(s.tokens) for s in seqs),
+                            ttft_s=ttft, tpot_s=tpot, total_s=total, state_bytes=state_bytes, use_cache=use_cache,
+                            reused_prefix_tokens=sum(s.cached_tokens for s in seqs),
+                            accepted=(sum(s.accepted for s in seqs) / proposed) if proposed else None,
+                            rounds=sum(s.rounds for s in seqs), proposed=proposed)
+    return GenerationOutput(completions=comps, stats=stats, timings_s=stamps or [s for s in seqs[0].stamps_s])
 
 
 def sample_continuations(model, ids: torch.Tensor, n: int, prompt_len: int, new_tokens: int, seed: int = 0,

@@ -13,6 +13,9 @@ prompt-lookup settings on a 10.7M byte model diverged in bf16; none in fp32); a 
 
 Proposers: a small draft model (any transformer with the same vocabulary), or prompt lookup — the
 continuation that followed the latest n-gram's previous occurrence in the text so far (a point-mass q).
+A proposer plugs into the scheduler's step (scheduler.py): it drafts for every running sequence at once,
+the target verifies all of them in one ragged forward (row b: its newest token and its n_b drafts), and
+each row keeps what it accepted; so speculative decoding runs on a batch like plain decoding does.
 """
 from __future__ import annotations
 
@@ -21,9 +24,10 @@ import warnings
 
 import torch
 
-from attnlab.engine.generate import (Completion, GenerationOutput, StopChecker, _finish, check_request,
-                                     decode_one_token, prefill)
+from attnlab.engine.generate import GenerationOutput, check_request, finish_output
 from attnlab.engine.sampling import SamplingParams, processed_probs
+from attnlab.engine.scheduler import Scheduler, Sequence
+from attnlab.engine.stops import StopChecker
 from attnlab.errors import AttnlabError
 
 
@@ -80,47 +84,123 @@ def lookup_proposal(tokens: list[int], k: int, max_ngram: int = 4, min_ngram: in
     return out
 
 
-class _DraftModel:
-    """Keeps a draft model's KV cache in step with the accepted text."""
+def verify_drafts(drafts: list[int], q, logits: torch.Tensor, params: SamplingParams, gen) -> list[tuple]:
+    """The target's verdict on one row's drafts, from its n+1 logit rows: [(token, row of logits)]. Greedy:
+    the longest prefix of drafts the target's argmax agrees with, plus the target's own next token."""
+    logits = logits.float()
+    if params.greedy:
+        best = logits.argmax(-1).tolist()
+        n_ok = next((i for i, d in enumerate(drafts) if best[i] != d), len(drafts))
+        return [(d, i) for i, d in enumerate(drafts[:n_ok])] + [(best[n_ok], n_ok)]
+    return _accept_sampled(drafts, q, processed_probs(logits, params), logits.shape[-1], gen)
 
-    def __init__(self, model, prompt: list[int], capacity: int, device):
+
+class LookupProposer:
+    """Prompt lookup for every running sequence: k tokens copied from where the text's tail occurred before."""
+
+    def __init__(self, k: int, ngram: tuple[int, int] = (2, 4)):
+        self.k, self.ngram = k, ngram
+
+    def admit(self, seq) -> None: ...
+
+    def joined(self, seqs) -> None: ...
+
+    def release(self, row: int) -> None: ...
+
+    def accepted(self, seqs) -> None: ...
+
+    def propose(self, seqs):
+        return [lookup_proposal(s.text, self.k, self.ngram[1], self.ngram[0]) for s in seqs], None
+
+    def verify(self, seq, drafts, q, logits):
+        return verify_drafts(drafts, q, logits, seq.params, seq.gen)
+
+
+class DraftProposer:
+    """A small draft model drafting for every running sequence in one batch; its state keeps one row per
+    running sequence, in the scheduler's order, rolled back to the accepted text after every round."""
+
+    def __init__(self, model, k: int, max_len: int):
         if model.cfg.is_recurrent:
             raise AttnlabError("the draft must be a transformer (its cache is rolled back after rejections)")
-        self.model, self.device = model, device
-        self.state = model.new_state(1, capacity)
-        prefill(model, torch.tensor([prompt], device=device), self.state)
+        self.model, self.k, self.max_len = model, k, max_len
+        self.device = next(model.parameters()).device
+        self.state = model.new_state(0, max_len)
 
-    def propose(self, pending: list[int], k: int, params: SamplingParams, gen) -> tuple[list[int], torch.Tensor | None]:
-        """k draft tokens and the (k, V) distributions they were drawn from (None when greedy: a point mass
-        on each draft token, which the greedy check never needs)."""
-        logits = prefill(self.model, torch.tensor([pending], device=self.device), self.state)
-        drafts, dists = [], []
-        for i in range(k):
-            if params.greedy:
-                d = int(logits.argmax(-1))
-            else:
-                q = processed_probs(logits, params)
-                d = int(torch.multinomial(q, 1, generator=gen))
-                dists.append(q[0])
-            drafts.append(d)
-            if i < k - 1:
-                logits = decode_one_token(self.model, torch.tensor([d], device=self.device), self.state)
-        return drafts, (torch.stack(dists) if dists else None)
+    def admit(self, seq) -> None: ...
 
-    def sync(self, accepted_len: int) -> int:
-        """Roll back to the accepted length; return how many accepted tokens it has not read yet."""
-        keep = min(self.state.pos, accepted_len)
+    def joined(self, seqs) -> None:
+        for _ in seqs:  # new rows start empty: their first proposal feeds the whole text
+            self.state.extend(self.model.new_state(1, self.max_len))
+
+    def release(self, row: int) -> None:
+        self.state.release(row)
+
+    def propose(self, seqs):
+        """Feed each row the text it has not read (ragged), then k-1 batched draft steps."""
+        pending = [s.text[int(p):] for s, p in zip(seqs, self.state.pos)]
+        lengths = torch.tensor([len(p) for p in pending])
+        T = int(lengths.max())
+        tokens = torch.tensor([p + [0] * (T - len(p)) for p in pending], device=self.device)
+        logits, _ = self.model(tokens, self.state, last_only=True, lengths=lengths)
+        logits = logits[:, -1]
+        drafts, dists = [[] for _ in seqs], [[] for _ in seqs]
+        sampled = not all(s.params.greedy for s in seqs)
+        for i in range(self.k):
+            for r, s in enumerate(seqs):
+                if s.params.greedy:
+                    d = int(logits[r].argmax(-1))
+                else:
+                    q = processed_probs(logits[r:r + 1], s.params)
+                    d = int(torch.multinomial(q, 1, generator=s.gen))
+                    dists[r].append(q[0])
+                drafts[r].append(d)
+            if i < self.k - 1:
+                ids = torch.tensor([[d[-1]] for d in drafts], device=self.device)
+                logits = self.model(ids, self.state)[0][:, -1]
+        qs = [torch.stack(d) if d else None for d in dists] if sampled else None
+        return drafts, qs
+
+    def verify(self, seq, drafts, q, logits):
+        return verify_drafts(drafts, None if q is None else q[:len(drafts)], logits, seq.params, seq.gen)
+
+    def accepted(self, seqs) -> None:
+        """Forget drafts the target rejected: keep at most the accepted text but its newest token."""
+        keep = [min(int(p), len(s.text) - 1) for p, s in zip(self.state.pos, seqs)]
         self.state.rollback(keep)
-        return accepted_len - keep
 
 
-@torch.inference_mode()
 def speculative_generate(target, prompt: list[int], max_new_tokens: int, k: int = 4, draft=None,
                          prompt_lookup: bool = False, params: SamplingParams | None = None, stop_tokens=(),
                          lookup_ngram: tuple[int, int] = (2, 4),
                          stop_strings=(), tokenizer=None, truncate: str | None = None) -> GenerationOutput:
     """Generate with a draft model (``draft=``) or prompt lookup (``prompt_lookup=True``, matching the last
-    lookup_ngram = (min, max) tokens); batch of one."""
+    lookup_ngram = (min, max) tokens). One prompt (a list of ids) or a batch (a list of lists)."""
+    params = params or SamplingParams()
+    proposer = make_proposer(target, k, draft, prompt_lookup, lookup_ngram, params)
+    prompts = [list(prompt)] if prompt and isinstance(prompt[0], int) else [list(p) for p in prompt]
+    prompts = check_request(target, prompts, max_new_tokens, truncate)
+    t0 = time.perf_counter()
+    max_len = max(len(p) for p in prompts) + max_new_tokens + k + 1
+    if isinstance(proposer, DraftProposer):
+        proposer.max_len = max_len
+        proposer.state = draft.new_state(0, max_len)
+    sched = Scheduler(target, max_len=max_len, proposer=proposer)
+    seqs = [sched.submit(Sequence(p, max_new_tokens, params, StopChecker(stop_tokens, stop_strings, tokenizer)))
+            for p in prompts]
+    stamps, state_bytes = [], 0
+    while sched.has_work:
+        if sched.step():
+            stamps.append(time.perf_counter() - t0)
+            state_bytes = max(state_bytes, sched.state.nbytes)
+    out = finish_output(seqs, stamps, tokenizer, state_bytes, True, t0=t0)
+    out.stats.accepted = out.stats.accepted or 0.0
+    return out
+
+
+def make_proposer(target, k: int, draft=None, prompt_lookup: bool = False, lookup_ngram=(2, 4),
+                  params: SamplingParams | None = None):
+    """Check a speculative request and build its proposer."""
     params = params or SamplingParams()
     if (draft is None) == (not prompt_lookup):
         raise AttnlabError("choose exactly one proposer: a draft model or prompt lookup")
@@ -139,66 +219,7 @@ def speculative_generate(target, prompt: list[int], max_new_tokens: int, k: int 
         warnings.warn(f"speculative decoding with {target.precision} weights: the output follows the target's "
                       "distribution, but greedy output can differ from plain greedy decoding where two tokens "
                       "nearly tie (the verify pass and a decode step round differently); use fp32 for identical "
-                      "output", stacklevel=2)
-    prompt = check_request(target, [prompt], max_new_tokens, truncate)[0]
-    device = next(target.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(params.seed)
-    stopper = StopChecker(stop_tokens, stop_strings, tokenizer)
-    capacity = len(prompt) + max_new_tokens + k + 1
-    comp = Completion(tokens=[], logprobs=[])
-    stamps, rounds, proposed, accepted = [], 0, 0, 0
-    t0 = time.perf_counter()
-    state = target.new_state(1, capacity)
-    logits = prefill(target, torch.tensor([prompt], device=device), state)
-    drafter = _DraftModel(draft, prompt, capacity, device) if draft is not None else None
-    first = int(logits.argmax(-1)) if params.greedy else \
-        int(torch.multinomial(processed_probs(logits, params), 1, generator=gen))
-    text = prompt + [first]
-    comp.tokens.append(first)
-    comp.logprobs.append(float(torch.log_softmax(logits.float(), -1)[0, first]))
-    stamps.append(time.perf_counter() - t0)
-    finished = stopper.done(comp.tokens)
-    draft_pending = [first]
-    while not finished and len(comp.tokens) < max_new_tokens:
-        room = max_new_tokens - len(comp.tokens)
-        n_draft = min(k, room - 1) if room > 1 else 0
-        if drafter is not None and n_draft > 0:
-            drafts, q = drafter.propose(draft_pending, n_draft, params, gen)
-        else:
-            drafts, q = (lookup_proposal(text, n_draft, lookup_ngram[1], lookup_ngram[0]) if n_draft > 0 else []), None
-        verify, _ = target(torch.tensor([[text[-1]] + drafts], device=device), state)  # (1, n+1, V): one pass
-        logits_all = verify[0].float()
-        if params.greedy:  # accept the longest prefix of drafts the target's argmax agrees with, plus one
-            best = logits_all.argmax(-1).tolist()
-            n_ok = next((i for i, d in enumerate(drafts) if best[i] != d), len(drafts))
-            new = [(d, i) for i, d in enumerate(drafts[:n_ok])] + [(best[n_ok], n_ok)]
-            accepted += n_ok
-        else:
-            new = _accept_sampled(drafts, q, processed_probs(logits_all, params), target.cfg.vocab_size, gen)
-            accepted += len(new) - 1
-        chosen = torch.tensor([[tok] for tok, _ in new], device=device)
-        rows = logits_all[[i for _, i in new]]
-        logp_new = (rows.gather(1, chosen) - torch.logsumexp(rows, -1, keepdim=True))[:, 0].tolist()
-        new = [(tok, i, lp) for (tok, i), lp in zip(new, logp_new)]
-        rounds += 1
-        proposed += len(drafts)
-        now = time.perf_counter() - t0
-        for tok, _, lp in new:
-            if len(comp.tokens) >= max_new_tokens or finished:
-                break
-            comp.tokens.append(tok)
-            comp.logprobs.append(lp)
-            stamps.append(now)
-            text.append(tok)
-            finished = stopper.done(comp.tokens)
-        state.rollback(len(text) - 1)  # the cache keeps everything but the newest token
-        if drafter is not None:
-            behind = drafter.sync(len(text) - 1)
-            draft_pending = text[len(text) - 1 - behind:]
-    if finished:
-        comp.finish_reason = "stop"
-    out = _finish([comp], stamps, [prompt], stopper, tokenizer, state, True)
-    out.stats.accepted = accepted / proposed if proposed else 0.0
-    out.stats.rounds = rounds
-    out.stats.proposed = proposed
-    return out
+                      "output", stacklevel=3)
+    if draft is not None:
+        return DraftProposer(draft, k, target.cfg.max_seq_len)
+    return LookupProposer(k, lookup_ngram)

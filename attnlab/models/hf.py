@@ -124,9 +124,9 @@ def _t(w: torch.Tensor) -> torch.Tensor:
 def _gpt2_names(cfg: ModelConfig):
     """(attnlab name, HF name, transpose?) for every tensor."""
     out = [("tok_emb.weight", "wte.weight", False), ("pos_enc.table.weight", "wpe.weight", False),
-           ("norm.weight", "ln_f.weight", False), ("norm.bias", "ln_f.bias", False)]
+           ("backbone.norm.weight", "ln_f.weight", False), ("backbone.norm.bias", "ln_f.bias", False)]
     for i in range(cfg.n_layers):
-        a, h = f"blocks.{i}.", f"h.{i}."
+        a, h = f"backbone.blocks.{i}.", f"h.{i}."
         out += [(a + "attn_norm.weight", h + "ln_1.weight", False), (a + "attn_norm.bias", h + "ln_1.bias", False),
                 (a + "attn.wqkv.weight", h + "attn.c_attn.weight", True), (a + "attn.wqkv.bias", h + "attn.c_attn.bias", False),
                 (a + "attn.wo.weight", h + "attn.c_proj.weight", True), (a + "attn.wo.bias", h + "attn.c_proj.bias", False),
@@ -137,9 +137,9 @@ def _gpt2_names(cfg: ModelConfig):
 
 
 def _llama_names(cfg: ModelConfig):
-    out = [("tok_emb.weight", "model.embed_tokens.weight"), ("norm.weight", "model.norm.weight")]
+    out = [("tok_emb.weight", "model.embed_tokens.weight"), ("backbone.norm.weight", "model.norm.weight")]
     for i in range(cfg.n_layers):
-        a, h = f"blocks.{i}.", f"model.layers.{i}."
+        a, h = f"backbone.blocks.{i}.", f"model.layers.{i}."
         out += [(a + "attn_norm.weight", h + "input_layernorm.weight"),
                 (a + "mlp_norm.weight", h + "post_attention_layernorm.weight"),
                 (a + "attn.wo.weight", h + "self_attn.o_proj.weight"), (a + "mlp.w1.weight", h + "mlp.gate_proj.weight"),
@@ -173,9 +173,9 @@ def state_from_hf(kind: str, cfg: ModelConfig, hf: dict[str, torch.Tensor], sour
             out[ours] = take(theirs)
         for i in range(cfg.n_layers):
             h = f"model.layers.{i}.self_attn."
-            out[f"blocks.{i}.attn.wqkv.weight"] = torch.cat([take(h + f"{p}_proj.weight") for p in "qkv"])
+            out[f"backbone.blocks.{i}.attn.wqkv.weight"] = torch.cat([take(h + f"{p}_proj.weight") for p in "qkv"])
             if cfg.bias:
-                out[f"blocks.{i}.attn.wqkv.bias"] = torch.cat([take(h + f"{p}_proj.bias") for p in "qkv"])
+                out[f"backbone.blocks.{i}.attn.wqkv.bias"] = torch.cat([take(h + f"{p}_proj.bias") for p in "qkv"])
         if not cfg.tie_embeddings:
             out["head.weight"] = take("lm_head.weight")
         elif "lm_head.weight" in hf:
@@ -189,7 +189,7 @@ def state_from_hf(kind: str, cfg: ModelConfig, hf: dict[str, torch.Tensor], sour
 
 def load_hf(folder: str | Path, dtype: torch.dtype | None = None, device="cpu"):
     """-> (model in eval mode, ModelConfig, hf config dict, generation config dict)."""
-    from attnlab.checkpoint import _rebuild_buffers, load_weights
+    from attnlab.checkpoint import load_weights
     from attnlab.models import build_model
 
     folder = Path(folder)
@@ -200,7 +200,7 @@ def load_hf(folder: str | Path, dtype: torch.dtype | None = None, device="cpu"):
     with torch.device("meta"):
         model = build_model(cfg, device="meta")
     load_weights(model, {k: v.float() if dtype is None else v.to(dtype) for k, v in tensors.items()}, str(folder))
-    _rebuild_buffers(model)
+    model.rebuild_buffers()
     model = model.to(device)
     gen_path = folder / "generation_config.json"
     gen = json.loads(gen_path.read_text()) if gen_path.exists() else {}
@@ -242,10 +242,10 @@ def save_hf(model, folder: str | Path, architecture: str | None = None, tokenize
         q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
         for i in range(cfg.n_layers):
             h = f"model.layers.{i}.self_attn."
-            for p, part in zip("qkv", sd[f"blocks.{i}.attn.wqkv.weight"].split((q, kv, kv))):
+            for p, part in zip("qkv", sd[f"backbone.blocks.{i}.attn.wqkv.weight"].split((q, kv, kv))):
                 tensors[h + f"{p}_proj.weight"] = part.contiguous()
             if cfg.bias:
-                for p, part in zip("qkv", sd[f"blocks.{i}.attn.wqkv.bias"].split((q, kv, kv))):
+                for p, part in zip("qkv", sd[f"backbone.blocks.{i}.attn.wqkv.bias"].split((q, kv, kv))):
                     tensors[h + f"{p}_proj.bias"] = part.contiguous()
         if not cfg.tie_embeddings:
             tensors["lm_head.weight"] = sd["head.weight"]

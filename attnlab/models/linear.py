@@ -11,8 +11,6 @@ Both forms are tested to agree. The state's bytes do not depend on the context l
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,15 +22,8 @@ def phi(x: torch.Tensor) -> torch.Tensor:
     return F.elu(x) + 1
 
 
-@dataclass
 class LinearState(FixedState):
-    S: torch.Tensor  # (L, B, H, D, D) running sum of phi(k) v^T
-    z: torch.Tensor  # (L, B, H, D) running sum of phi(k)
-    pos: int = 0
-    pad: torch.Tensor | None = None
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.S, self.z]
+    """S (L, B, H, D, D): running sum of phi(k) v^T; z (L, B, H, D): running sum of phi(k)."""
 
 
 def linear_parallel(q, k, v, S0, z0, chunk: int, eps: float = 1e-6):
@@ -79,8 +70,8 @@ class LinearAttention(nn.Module):
         H, D = self.n_heads, self.head_dim
         q, k, v = self.wqkv(x).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # each (B, H, T, D)
         q, k = phi(q), phi(k)
-        if state is not None and state.pad is not None:  # left padding must not enter the sums
-            live = torch.arange(state.pos, state.pos + T, device=x.device)[None, :] >= state.pad[:, None]
+        live = None if state is None else state.valid_mask(x.device)
+        if live is not None:  # filler beyond a row's length must not enter the sums
             k = k * live[:, None, :, None]
             v = v * live[:, None, :, None]
         if state is None:
@@ -100,6 +91,7 @@ class LinearAttention(nn.Module):
 
 
 def new_linear_state(cfg, batch_size: int, dtype, device) -> LinearState:
-    return LinearState(S=torch.zeros(cfg.n_layers, batch_size, cfg.n_heads, cfg.head_dim, cfg.head_dim, dtype=dtype,
-                                     device=device),
-                       z=torch.zeros(cfg.n_layers, batch_size, cfg.n_heads, cfg.head_dim, dtype=dtype, device=device))
+    return LinearState({"S": torch.zeros(cfg.n_layers, batch_size, cfg.n_heads, cfg.head_dim, cfg.head_dim,
+                                         dtype=dtype, device=device),
+                        "z": torch.zeros(cfg.n_layers, batch_size, cfg.n_heads, cfg.head_dim, dtype=dtype,
+                                         device=device)})

@@ -13,7 +13,7 @@ from torch import nn
 
 from attnlab.config import ModelConfig
 from attnlab.models.state import RecurrentState
-from attnlab.models.transformer import _check_tokens
+from attnlab.models.lm import check_tokens, last_positions
 
 _MODULES = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -52,26 +52,42 @@ class RecurrentLM(nn.Module):
         if cfg.tie_embeddings:
             self.head.weight = self.tok_emb.weight
 
-    def new_state(self, batch_size: int, max_len: int | None = None, dtype=None, device=None) -> RecurrentState:
+    def tie_weights(self) -> None:
+        if self.cfg.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+
+    def rebuild_buffers(self) -> None:
+        """No non-persistent buffers: nothing to rebuild after loading on the meta device."""
+
+    @classmethod
+    def upgrade_state_dict(cls, tensors: dict) -> dict:
+        return tensors
+
+    def new_state(self, batch_size: int, max_len: int | None = None, dtype=None, device=None, **_) -> RecurrentState:
         """max_len is accepted for the shared contract and ignored: the state has a fixed size."""
         ref = self.tok_emb.weight
         shape = (self.cfg.n_layers, batch_size, self.cfg.dim)
         kw = dict(dtype=dtype or ref.dtype, device=device or ref.device)
-        return RecurrentState(h=torch.zeros(shape, **kw),
-                              c=torch.zeros(shape, **kw) if self.kind == "lstm" else None)
+        tensors = {"h": torch.zeros(shape, **kw)}
+        if self.kind == "lstm":
+            tensors["c"] = torch.zeros(shape, **kw)
+        return RecurrentState(tensors)
 
-    def forward(self, tokens: torch.Tensor, state: RecurrentState | None = None, last_only: bool = False):
-        B, T = _check_tokens(tokens)
+    def forward(self, tokens: torch.Tensor, state: RecurrentState | None = None, last_only: bool = False,
+                lengths: torch.Tensor | None = None):
+        B, T = check_tokens(tokens)
         x = self.tok_emb(tokens)  # (B, T, dim)
+        hold = None  # (B, T) True on filler beyond a row's length, where the state must not change
         if state is None:
+            if lengths is not None:
+                raise ValueError("lengths needs a state: without one, pass rows of real tokens only")
             state_in = self.new_state(B)
         else:
             state_in = state
-        hold = None  # (B, T) True on left-padding slots, where the state must not change
-        if state is not None and state.pad is not None and state.pos < int(state.pad.max()):
-            slots = torch.arange(state.pos, state.pos + T, device=tokens.device)
-            hold = slots[None, :] < state.pad[:, None]
-        if self.cfg.fused and hold is None:  # the fused kernel cannot skip padding slots: loop then
+            state.begin(tokens, lengths)
+            valid = state.valid_mask(tokens.device)
+            hold = None if valid is None else ~valid
+        if self.cfg.fused and hold is None:  # the fused kernel cannot skip filler: loop then
             x, h, c = self._fused(x, state_in)
         else:
             x, h, c = self._loop(x, state_in, hold)
@@ -79,13 +95,14 @@ class RecurrentLM(nn.Module):
             state.h.copy_(h)
             if c is not None:
                 state.c.copy_(c)
-            state.advance(T)
+            lengths = state.lengths
+            state.commit()
         if last_only:
-            x = x[:, -1:]
+            x = last_positions(x, lengths)
         return self.head(self.norm(x)), state
 
     def _fused(self, x, state):
-        hx = (state.h, state.c) if self.kind == "lstm" else state.h
+        hx = (state.t["h"], state.t["c"]) if self.kind == "lstm" else state.t["h"]
         out, hn = self.rnn(x, hx)
         if self.kind == "lstm":
             return out, hn[0], hn[1]
@@ -99,8 +116,8 @@ class RecurrentLM(nn.Module):
             w_ih, w_hh = getattr(self.rnn, f"weight_ih_l{layer}"), getattr(self.rnn, f"weight_hh_l{layer}")
             b_ih, b_hh = getattr(self.rnn, f"bias_ih_l{layer}"), getattr(self.rnn, f"bias_hh_l{layer}")
             xw = x @ w_ih.t() + b_ih  # (B, T, gates*dim): no recurrence, so all T at once
-            h = state.h[layer]
-            c = state.c[layer] if self.kind == "lstm" else None
+            h = state.t["h"][layer]
+            c = state.t["c"][layer] if self.kind == "lstm" else None
             outs = []
             for t in range(x.shape[1]):  # the chain: step t cannot start before step t-1 ends
                 h_prev, c_prev = h, c

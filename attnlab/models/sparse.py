@@ -15,18 +15,20 @@ import warnings
 
 import torch
 
-from attnlab.models.attention import naive_attention, register_kernel
+from attnlab.models.attention import naive_attention, query_positions, register_kernel
 
 _warned = set()
 
 
-def pattern_mask(T: int, S: int, q_offset: int, block: int, device) -> torch.Tensor:
-    """(T, S) bool: the fixed local + strided pattern for queries at q_offset.. and keys 0..S-1."""
-    qp = torch.arange(q_offset, q_offset + T, device=device)[:, None]
-    kp = torch.arange(S, device=device)[None, :]
+def pattern_mask(T: int, S: int, q_pos, block: int, device) -> torch.Tensor:
+    """(T, S) or (B, 1, T, S) bool: the fixed local + strided pattern for the queries (positions q_pos, or
+    the last T of S keys) and keys 0..S-1."""
+    qp = query_positions(T, S, q_pos, device)[:, :, None]  # (B|1, T, 1)
+    kp = torch.arange(S, device=device)[None, None, :]
     local = (kp // block == qp // block) & (kp <= qp)
     summary = (kp % block == block - 1) & (kp < (qp // block) * block)
-    return local | summary
+    mask = local | summary  # (B|1, T, S)
+    return mask[0] if mask.shape[0] == 1 else mask[:, None]
 
 
 def pairs_scored(T: int, block: int) -> int:
@@ -43,22 +45,22 @@ def default_block(T: int) -> int:
 
 
 @register_kernel("block_sparse")
-def block_sparse_kernel(q, k, v, *, q_offset: int, causal: bool, alibi_slopes, scale: float, kv_start=None,
+def block_sparse_kernel(q, k, v, *, causal: bool, alibi_slopes, scale: float, q_pos=None, kv_len=None,
                         block_size: int = 0, **_):
     T, S = q.shape[-2], k.shape[-2]
     block = block_size or default_block(S)
-    if T == S and q_offset == 0 and alibi_slopes is None and kv_start is None and T > block:
+    if T == S and q_pos is None and kv_len is None and alibi_slopes is None and T > block:
         pad = -T % block  # pad to whole blocks at the end: causally invisible to every real query
         if pad:
             q, k, v = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
         return _blocked(q, k, v, block, scale)[:, :, :T]
     if T > 64 and "mask" not in _warned:  # correct but quadratic: say so once
         _warned.add("mask")
-        warnings.warn("block_sparse: this call (ALiBi, padding or a cached prefix) "
+        warnings.warn("block_sparse: this call (ALiBi, a ragged batch or a cached prefix) "
                       "uses the masked T x S path", stacklevel=3)
-    mask = pattern_mask(T, S, q_offset, block, q.device)
-    return naive_attention(q, k, v, q_offset=q_offset, causal=False, alibi_slopes=alibi_slopes, scale=scale,
-                           kv_start=kv_start, extra_mask=mask)
+    mask = pattern_mask(T, S, q_pos, block, q.device)
+    return naive_attention(q, k, v, causal=False, alibi_slopes=alibi_slopes, scale=scale, q_pos=q_pos,
+                           kv_len=kv_len, extra_mask=mask)
 
 
 def _blocked(q, k, v, b: int, scale: float):

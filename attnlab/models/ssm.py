@@ -14,7 +14,6 @@ to keep the state a single tensor).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,14 +22,8 @@ from torch import nn
 from attnlab.models.state import FixedState
 
 
-@dataclass
 class SSMState(FixedState):
-    h: torch.Tensor  # (L, B, E, N)
-    pos: int = 0
-    pad: torch.Tensor | None = None
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.h]
+    """h (L, B, E, N): each layer's state, the same bytes at any context length."""
 
 
 def scan_sequential(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor):
@@ -95,8 +88,8 @@ class SelectiveSSM(nn.Module):
         delta = F.softplus(self.dt_up(self.dt_down(u)))  # (B, T, E) > 0
         Bt, Ct = self.bc(u).chunk(2, dim=-1)  # (B, T, N)
         A = -torch.exp(self.A_log.float())  # (E, N) < 0: a decaying state
-        if state is not None and state.pad is not None:  # padding slots: delta = 0 gives a = 1, b = 0
-            live = (torch.arange(state.pos, state.pos + T, device=x.device)[None, :] >= state.pad[:, None])
+        live = None if state is None else state.valid_mask(x.device)
+        if live is not None:  # filler beyond a row's length: delta = 0 gives a = 1, b = 0 (no change)
             delta = delta * live[..., None]
         h0 = state.h[self.layer_idx] if state is not None else x.new_zeros(B, self.E, self.N)
         mode = force or ("sequential" if T == 1 else self.scan)
@@ -107,5 +100,5 @@ class SelectiveSSM(nn.Module):
 
 
 def new_ssm_state(cfg, batch_size: int, dtype, device) -> SSMState:
-    return SSMState(h=torch.zeros(cfg.n_layers, batch_size, cfg.ssm_expand * cfg.dim, cfg.ssm_state, dtype=dtype,
-                                  device=device))
+    return SSMState({"h": torch.zeros(cfg.n_layers, batch_size, cfg.ssm_expand * cfg.dim, cfg.ssm_state,
+                                      dtype=dtype, device=device)})

@@ -1,46 +1,139 @@
-"""The states behind the contract ``logits, state = model(tokens, state)``.
+"""The states behind the contract ``logits, state = model(tokens, state, lengths=None)``.
 
-A state knows its position (tokens consumed so far) and its size in bytes. The transformer's state
-grows with the context (a KV cache, preallocated and written by index); the recurrent families'
-state is a fixed-size vector whatever the context length. That difference is one of the trades this
-project measures.
+A state is a batch of sequences, one row each, and every row has its own position: sequences in one
+batch sit at different lengths. ``State`` (below) is the interface every family implements. A forward
+over tokens (B, T) goes through the state in three moves the model makes, never the engine:
+
+    positions = state.begin(tokens, lengths)   # (B, T) positions of the new tokens; lengths (B,) or None
+    ...  each layer reads and extends its part of the state (a KV cache's ``attention``, a hidden vector)
+    state.commit()                             # row b has now consumed lengths[b] (or T) more tokens
+
+``lengths`` makes a batch ragged: row b's tokens beyond lengths[b] are filler that is never stored and
+never seen by a real token (their outputs are discarded). That is all the padding there is.
+
+The transformer's state grows with the context (``KVCache`` here, written by index; ``PagedKVCache`` in
+paged.py, blocks from a shared pool); the sliding kernel keeps a ring of ``window`` positions; the
+recurrent, linear-attention and SSM states are fixed-size tensors whatever the context length.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
 from attnlab.errors import AttnlabError
 
 
-def _kv_buffers(n_layers: int, shape: tuple, dtype, device):
-    """Per-layer key and value buffers of `shape`. Empty, not zeros: every slot is written before it is read
-    (a linear cache reads only slots below pos; a ring reads only the slots it has filled)."""
-    return ([torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)],
-            [torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)])
+@runtime_checkable
+class State(Protocol):
+    """What every family's state offers the model, the engine and the cost tracer."""
+
+    pos: torch.Tensor  # (B,) int64 on the CPU: tokens consumed by each sequence
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...  # bytes held now
+
+    @property
+    def bytes_per_token(self) -> int: ...  # growth per cached token and sequence (0 for a fixed-size state)
+
+    def begin(self, tokens: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor: ...
+
+    def commit(self) -> None: ...
+
+    def rollback(self, pos: int | Sequence[int] | torch.Tensor) -> None: ...  # per sequence
+
+    def add_sequence(self) -> int: ...  # a new empty sequence as the last row; returns its row
+
+    def release(self, row: int) -> None: ...  # drop a row (later rows move up by one); its memory is freed
+
+    def take(self, rows: Sequence[int]) -> "State": ...  # move rows out into a state of their own
+
+    def extend(self, other: "State") -> None: ...  # append another state's rows (same kind and shapes)
 
 
-@dataclass
-class KVCache:
-    """Per layer, keys and values of shape (B, Hkv, max_len, D), allocated once and written by index."""
+def as_positions(pos, batch_size: int) -> torch.Tensor:
+    """An int, a list or a tensor of per-sequence positions -> (B,) int64 CPU tensor."""
+    if isinstance(pos, int):
+        return torch.full((batch_size,), pos, dtype=torch.long)
+    out = torch.as_tensor(pos, dtype=torch.long).cpu().reshape(-1)
+    if out.numel() != batch_size:
+        raise AttnlabError(f"got {out.numel()} positions for a batch of {batch_size} sequences")
+    return out
 
-    k: list[torch.Tensor]
-    v: list[torch.Tensor]
-    pos: int = 0
-    pad: torch.Tensor | None = None  # (B,) left-padding slots per sequence; None = no padding
+
+class Rows:
+    """Per-sequence position bookkeeping shared by every state (a mixin: subclasses hold the tensors)."""
+
+    pos: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.pos.numel())
+
+    def _begin(self, tokens: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        B, T = tokens.shape
+        if B != self.batch_size:
+            raise AttnlabError(f"tokens have {B} rows but the state holds {self.batch_size} sequences; "
+                               "give one row per sequence (add_sequence / release change the batch)")
+        if lengths is not None:
+            lengths = torch.as_tensor(lengths, dtype=torch.long).cpu()
+            if lengths.shape != (B,) or int(lengths.min()) < 1 or int(lengths.max()) > T:
+                raise AttnlabError(f"lengths must be (B,)={B} counts in 1..T={T}, got {lengths.tolist()}")
+            if bool((lengths == T).all()):
+                lengths = None
+        self._lengths, self._T = lengths, T
+        steps = torch.arange(T)[None, :]
+        if lengths is not None:  # filler repeats its row's last real position: it stays inside every table
+            steps = torch.minimum(steps, (lengths - 1)[:, None])
+        return self.pos[:, None] + steps  # (B, T) on the CPU; the model moves it to its device
+
+    @property
+    def lengths(self) -> torch.Tensor | None:
+        """Real tokens per row in the forward under way, or None when every row's T tokens are real."""
+        return self._lengths
+
+    @property
+    def uniform(self) -> bool:
+        """Every row at the same position with the same number of new tokens: one slice serves them all."""
+        return self._lengths is None and bool((self.pos == self.pos[0]).all()) if self.batch_size else True
+
+    def valid_mask(self, device) -> torch.Tensor | None:
+        """(B, T) True on real tokens, or None when all are real."""
+        if self._lengths is None:
+            return None
+        return torch.arange(self._T)[None, :].lt(self._lengths[:, None]).to(device)
+
+    def commit(self) -> None:
+        self.pos = self.pos + (self._T if self._lengths is None else self._lengths)
+
+
+class KVCache(Rows):
+    """Contiguous cache: per layer keys and values (B, Hkv, max_len, D), allocated once, written by index.
+
+    Row b holds its positions 0..pos[b]-1 in slots of the same number. A batch whose rows sit at one
+    position writes one slice and attends to a view; a ragged batch writes each row's slots by index and
+    the kernel masks each row's keys past its own length (rows read max(pos) slots: the price of one call).
+    """
+
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], pos: torch.Tensor | None = None):
+        self.k, self.v = k, v
+        self.pos = torch.zeros(k[0].shape[0], dtype=torch.long) if pos is None else pos
+        self._lengths, self._T = None, 0
 
     @classmethod
     def allocate(cls, n_layers, batch_size, n_kv_heads, max_len, head_dim, dtype=torch.float32, device="cpu"):
-        return cls(*_kv_buffers(n_layers, (batch_size, n_kv_heads, max_len, head_dim), dtype, device))
+        # Zeros, not empty: a ragged batch reads slots past a row's length (masked, weight 0), and 0 * NaN from
+        # uninitialised memory would still be NaN.
+        shape = (batch_size, n_kv_heads, max_len, head_dim)
+        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+                   [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)])
 
     @property
     def max_len(self) -> int:
         return self.k[0].shape[2]
-
-    @property
-    def batch_size(self) -> int:
-        return self.k[0].shape[0]
 
     @property
     def nbytes(self) -> int:
@@ -49,106 +142,87 @@ class KVCache:
 
     @property
     def bytes_per_token(self) -> int:
-        """2 * layers * Hkv * D * element size, per sequence in the batch."""
-        return self.nbytes // (self.max_len * self.batch_size)
+        """2 * layers * Hkv * D * element size, per sequence."""
+        t = self.k[0]
+        return 2 * len(self.k) * t.shape[1] * t.shape[3] * t.element_size()
 
     @property
     def used_bytes(self) -> int:
-        return self.bytes_per_token * self.pos * self.batch_size
+        return self.bytes_per_token * int(self.pos.sum())
 
-    def attend(self, layer: int, k: torch.Tensor, v: torch.Tensor, ordered: bool = False):
-        """Store the new keys/values; return (keys, values, q_offset, kv_start) for the kernel."""
-        k_all, v_all = self.update(layer, k, v)
-        return k_all, v_all, self.pos, self.pad
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Write k, v (B, Hkv, T, D) at positions pos..pos+T-1; return views of everything up to there."""
-        T = k.shape[2]
-        end = self.pos + T
-        if end > self.max_len:
-            raise AttnlabError(f"KV cache full: {self.pos} cached + {T} new tokens > max_len {self.max_len}; "
+    def begin(self, tokens, lengths=None):
+        positions = self._begin(tokens, lengths)
+        need = self.pos + (self._T if self._lengths is None else self._lengths)
+        if self.batch_size and int(need.max()) > self.max_len:
+            raise AttnlabError(f"KV cache full: {int(need.max())} tokens > max_len {self.max_len}; "
                                "allocate the state with a larger max_len")
-        self.k[layer][:, :, self.pos:end] = k
-        self.v[layer][:, :, self.pos:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        dev = self.k[0].device
+        if self.uniform:
+            self._plan = None
+        else:  # ragged: write each real token at its own slot; keys visible up to each row's new length
+            valid = torch.arange(self._T)[None, :] < (need - self.pos)[:, None]  # (B, T)
+            rows, cols = valid.nonzero(as_tuple=True)
+            self._plan = (rows.to(dev), positions[rows, cols].to(dev), valid.reshape(-1).to(dev),
+                          positions.to(dev), need.to(dev), int(need.max()))
+        return positions
 
-    def advance(self, n: int) -> None:
-        self.pos += n
+    def attention(self, layer: int, q, k, v, run):
+        """Store the new k, v (B, Hkv, T, D); return run(q, keys, values, q_pos=, kv_len=)."""
+        T = k.shape[2]
+        if self._plan is None:
+            start = int(self.pos[0]) if self.batch_size else 0
+            self.k[layer][:, :, start:start + T] = k
+            self.v[layer][:, :, start:start + T] = v
+            return run(q, self.k[layer][:, :, :start + T], self.v[layer][:, :, :start + T])
+        rows, slots, valid, q_pos, kv_len, S = self._plan
+        B, Hkv, _, D = k.shape
+        flat_k = k.transpose(1, 2).reshape(B * T, Hkv, D)[valid]  # (N real tokens, Hkv, D)
+        flat_v = v.transpose(1, 2).reshape(B * T, Hkv, D)[valid]
+        self.k[layer][rows, :, slots] = flat_k
+        self.v[layer][rows, :, slots] = flat_v
+        return run(q, self.k[layer][:, :, :S], self.v[layer][:, :, :S], q_pos=q_pos, kv_len=kv_len)
 
-    def positions(self, T: int, device) -> torch.Tensor:
-        """Positions of the next T tokens: (T,) slots, or (B, T) counted from each sequence's first real token."""
-        slots = torch.arange(self.pos, self.pos + T, device=device)
-        if self.pad is None:
-            return slots
-        return (slots[None, :] - self.pad[:, None]).clamp(min=0)
-
-    def rollback(self, pos: int) -> None:
-        """Forget everything from slot ``pos`` on (speculative rejection, prefix reuse): later writes overwrite."""
-        if not 0 <= pos <= self.pos:
-            raise AttnlabError(f"cannot roll a KV cache at {self.pos} back to {pos}")
-        self.pos = pos
-
-    def reset(self) -> None:
-        self.pos = 0
-        self.pad = None
-
-
-class FixedState:
-    """Bookkeeping shared by states whose size does not grow (recurrent, linear attention, SSM):
-    they cannot forget, so they roll back only to where they are (or to 0 by resetting)."""
-
-    pos: int
-    pad: torch.Tensor | None
-
-    bytes_per_token = property(lambda self: 0)  # constant: the state does not grow with the context
-    used_bytes = property(lambda self: self.nbytes)
-
-    def advance(self, n: int) -> None:
-        self.pos += n
-
-    def positions(self, T: int, device) -> torch.Tensor:
-        slots = torch.arange(self.pos, self.pos + T, device=device)
-        return slots if self.pad is None else (slots[None, :] - self.pad[:, None]).clamp(min=0)
-
-    def rollback(self, pos: int) -> None:
-        if pos == self.pos:
-            return
-        if pos == 0:
-            self.reset()
-            return
-        raise AttnlabError(f"a {type(self).__name__} at position {self.pos} cannot roll back to {pos}: it keeps no "
-                           "history; clone it before the tokens you may want to undo")
+    def rollback(self, pos) -> None:
+        """Forget each row's slots from pos[b] on (speculative rejection, prefix reuse): later writes overwrite."""
+        new = as_positions(pos, self.batch_size)
+        if bool((new < 0).any()) or bool((new > self.pos).any()):
+            raise AttnlabError(f"cannot roll a KV cache at {self.pos.tolist()} back to {new.tolist()}")
+        self.pos = new
 
     def reset(self) -> None:
-        self.pos, self.pad = 0, None
-        for t in self.tensors():
-            t.zero_()
+        self.pos = torch.zeros_like(self.pos)
 
-    def tensors(self) -> list[torch.Tensor]:
-        raise NotImplementedError
+    def add_sequence(self) -> int:
+        self.extend(KVCache.allocate(len(self.k), 1, self.k[0].shape[1], self.max_len, self.k[0].shape[3],
+                                     self.k[0].dtype, self.k[0].device))
+        return self.batch_size - 1
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
+    def take(self, rows) -> "KVCache":
+        rows = list(rows)
+        keep = [r for r in range(self.batch_size) if r not in set(rows)]
+        out = KVCache([t[rows] for t in self.k], [t[rows] for t in self.v], self.pos[rows].clone())
+        self.k, self.v = [t[keep] for t in self.k], [t[keep] for t in self.v]
+        self.pos = self.pos[keep]
+        return out
+
+    def release(self, row: int) -> None:
+        self.take([row])
+
+    def extend(self, other: "KVCache") -> None:
+        if other.max_len != self.max_len:
+            raise AttnlabError(f"cannot join caches of max_len {other.max_len} and {self.max_len}")
+        self.k = [torch.cat([a, b]) for a, b in zip(self.k, other.k)]
+        self.v = [torch.cat([a, b]) for a, b in zip(self.v, other.v)]
+        self.pos = torch.cat([self.pos, other.pos])
 
 
-@dataclass
-class RollingKVCache:
-    """Sliding-window cache: exactly `window` slots per layer, position p stored in slot p % window.
+class RollingKVCache(KVCache):
+    """Sliding-window cache: ``window`` slots per layer and row, position p of row b in slot p % window.
 
-    Its bytes are constant in the context length. Decode (T=1) writes the new key into its slot and
-    attends to the whole ring (every held key is inside the window, and softmax does not care about
-    order; RoPE was applied before storing). Longer chunks, or ALiBi (whose bias needs positions in
-    order), attend to the ring unrolled in position order followed by the new keys."""
-
-    k: list[torch.Tensor]
-    v: list[torch.Tensor]
-    pos: int = 0
-    pad: torch.Tensor | None = None
-
-    @classmethod
-    def allocate(cls, n_layers, batch_size, n_kv_heads, window, head_dim, dtype=torch.float32, device="cpu"):
-        return cls(*_kv_buffers(n_layers, (batch_size, n_kv_heads, window, head_dim), dtype, device))
+    Its bytes are constant in the context length. Decode (T=1) writes each row's new key into its slot and
+    attends to the whole ring (every held key is inside the window; softmax does not care about order, and
+    RoPE was applied before storing). Longer chunks, ALiBi (whose bias needs the keys in order) and ragged
+    rows attend row by row to the ring unrolled in position order followed by the new keys."""
 
     @property
     def window(self) -> int:
@@ -168,59 +242,133 @@ class RollingKVCache:
     def used_bytes(self) -> int:
         return self.nbytes
 
-    def _ordered(self, ring: torch.Tensor) -> torch.Tensor:
-        held = min(self.pos, self.window)
-        start = self.pos - held
-        idx = torch.arange(start, self.pos, device=ring.device) % self.window
-        return ring.index_select(2, idx)  # (B, Hkv, held, D) in position order
+    def begin(self, tokens, lengths=None):
+        positions = self._begin(tokens, lengths)
+        self._plan = None
+        return positions
 
-    def attend(self, layer: int, k: torch.Tensor, v: torch.Tensor, ordered: bool = False):
-        if self.pad is not None:
-            raise AttnlabError("the sliding-window cache does not take left-padded batches; generate one prompt "
-                               "at a time or use kernel flash")
-        T, W = k.shape[2], self.window
-        if T == 1 and not ordered:
-            slot = self.pos % W
-            self.k[layer][:, :, slot] = k[:, :, 0]
-            self.v[layer][:, :, slot] = v[:, :, 0]
-            held = min(self.pos + 1, W)
-            return self.k[layer][:, :, :held], self.v[layer][:, :, :held], held - 1, None
-        prev_k, prev_v = self._ordered(self.k[layer]), self._ordered(self.v[layer])
-        k_all, v_all = torch.cat([prev_k, k], dim=2), torch.cat([prev_v, v], dim=2)
-        keep = min(T, W)  # the newest positions go into their slots
-        slots = torch.arange(self.pos + T - keep, self.pos + T, device=k.device) % W
-        self.k[layer][:, :, slots] = k[:, :, T - keep:]
-        self.v[layer][:, :, slots] = v[:, :, T - keep:]
-        return k_all, v_all, prev_k.shape[2], None
+    def _ordered(self, ring: torch.Tensor, row: int) -> torch.Tensor:
+        p = int(self.pos[row])
+        held = min(p, self.window)
+        idx = torch.arange(p - held, p, device=ring.device) % self.window
+        return ring[row:row + 1].index_select(2, idx)  # (1, Hkv, held, D) in position order
 
-    def advance(self, n: int) -> None:
-        self.pos += n
+    def attention(self, layer: int, q, k, v, run):
+        T, W, B = k.shape[2], self.window, k.shape[0]
+        ring_k, ring_v = self.k[layer], self.v[layer]
+        if T == 1 and not getattr(run, "ordered", False):
+            rows = torch.arange(B, device=k.device)
+            slot = (self.pos % W).to(k.device)
+            ring_k[rows, :, slot] = k[:, :, 0]
+            ring_v[rows, :, slot] = v[:, :, 0]
+            held = (self.pos + 1).clamp(max=W)
+            S = int(held.max())
+            # The whole ring is in the window: query position held-1 sees every held slot.
+            return run(q, ring_k[:, :, :S], ring_v[:, :, :S], q_pos=(held - 1)[:, None].to(k.device),
+                       kv_len=held.to(k.device))
+        out = torch.zeros_like(q)
+        for b in range(B):  # a chunk per row: the ring unrolled in order, then the row's real new keys
+            n = T if self._lengths is None else int(self._lengths[b])
+            prev_k, prev_v = self._ordered(ring_k, b), self._ordered(ring_v, b)
+            keys = torch.cat([prev_k, k[b:b + 1, :, :n]], dim=2)
+            vals = torch.cat([prev_v, v[b:b + 1, :, :n]], dim=2)
+            out[b:b + 1, :, :n] = run(q[b:b + 1, :, :n], keys, vals)
+            keep = min(n, W)  # the newest positions go into their slots
+            p = int(self.pos[b])
+            slots = torch.arange(p + n - keep, p + n, device=k.device) % W
+            ring_k[b, :, slots] = k[b, :, n - keep:n]
+            ring_v[b, :, slots] = v[b, :, n - keep:n]
+        return out
 
-    def positions(self, T: int, device) -> torch.Tensor:
-        return torch.arange(self.pos, self.pos + T, device=device)
+    def rollback(self, pos) -> None:
+        new = as_positions(pos, self.batch_size)
+        if not torch.equal(new, self.pos):
+            raise AttnlabError(f"a sliding-window cache at {self.pos.tolist()} cannot roll back to {new.tolist()}: "
+                               "its ring has overwritten older positions")
 
-    def rollback(self, pos: int) -> None:
-        if pos != self.pos:
-            raise AttnlabError(f"a sliding-window cache at {self.pos} cannot roll back to {pos}: its ring has "
-                               "overwritten older positions")
+    def add_sequence(self) -> int:
+        self.extend(RollingKVCache.allocate(len(self.k), 1, self.k[0].shape[1], self.window, self.k[0].shape[3],
+                                            self.k[0].dtype, self.k[0].device))
+        return self.batch_size - 1
+
+    def take(self, rows) -> "RollingKVCache":
+        out = super().take(rows)
+        return RollingKVCache(out.k, out.v, out.pos)
+
+    def extend(self, other: "RollingKVCache") -> None:
+        if other.window != self.window:
+            raise AttnlabError(f"cannot join rings of window {other.window} and {self.window}")
+        self.k = [torch.cat([a, b]) for a, b in zip(self.k, other.k)]
+        self.v = [torch.cat([a, b]) for a, b in zip(self.v, other.v)]
+        self.pos = torch.cat([self.pos, other.pos])
+
+
+class FixedState(Rows):
+    """Bookkeeping shared by states whose size does not grow (recurrent, linear attention, SSM).
+
+    Subclasses hold tensors with the batch on dimension 1, (L, B, ...). Such a state cannot forget, so a
+    row rolls back only to where it is, or to 0 (a fresh zero state)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], pos: torch.Tensor | None = None):
+        self.t = tensors
+        first = next(iter(tensors.values()))
+        self.pos = torch.zeros(first.shape[1], dtype=torch.long) if pos is None else pos
+        self._lengths, self._T = None, 0
+
+    def __getattr__(self, name):  # state.h, state.S ...: the named tensors
+        t = self.__dict__.get("t")
+        if t is not None and name in t:
+            return t[name]
+        raise AttributeError(name)
+
+    bytes_per_token = property(lambda self: 0)  # constant: the state does not grow with the context
+    used_bytes = property(lambda self: self.nbytes)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.t.values())
+
+    def begin(self, tokens, lengths=None):
+        return self._begin(tokens, lengths)
+
+    def rollback(self, pos) -> None:
+        new = as_positions(pos, self.batch_size)
+        for b in range(self.batch_size):
+            p = int(new[b])
+            if p == int(self.pos[b]):
+                continue
+            if p != 0:
+                raise AttnlabError(f"a {type(self).__name__} at position {int(self.pos[b])} cannot roll back to "
+                                   f"{p}: it keeps no history; clone it before the tokens you may want to undo")
+            for t in self.t.values():
+                t[:, b].zero_()
+        self.pos = new
 
     def reset(self) -> None:
-        self.pos = 0
-        self.pad = None
+        self.rollback(0)
+
+    def clone(self):
+        return type(self)({k: t.clone() for k, t in self.t.items()}, self.pos.clone())
+
+    def add_sequence(self) -> int:
+        self.extend(type(self)({k: t.new_zeros((t.shape[0], 1) + t.shape[2:]) for k, t in self.t.items()}))
+        return self.batch_size - 1
+
+    def take(self, rows):
+        rows = list(rows)
+        keep = [r for r in range(self.batch_size) if r not in set(rows)]
+        out = type(self)({k: t[:, rows] for k, t in self.t.items()}, self.pos[rows].clone())
+        self.t = {k: t[:, keep] for k, t in self.t.items()}
+        self.pos = self.pos[keep]
+        return out
+
+    def release(self, row: int) -> None:
+        self.take([row])
+
+    def extend(self, other) -> None:
+        self.t = {k: torch.cat([t, other.t[k]], dim=1) for k, t in self.t.items()}
+        self.pos = torch.cat([self.pos, other.pos])
 
 
-@dataclass
 class RecurrentState(FixedState):
-    """Hidden vectors (L, B, dim) (and the LSTM's cell vectors): the same bytes at any context length."""
-
-    h: torch.Tensor
-    c: torch.Tensor | None = None
-    pos: int = 0
-    pad: torch.Tensor | None = None  # (B,) left-padding slots: the state does not change on them
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.h, self.c) if t is not None]
-
-    def clone(self) -> "RecurrentState":
-        return RecurrentState(h=self.h.clone(), c=None if self.c is None else self.c.clone(), pos=self.pos,
-                              pad=self.pad)
+    """Hidden vectors h (L, B, dim) and, for the LSTM, cell vectors c: the same bytes at any context length."""

@@ -1,0 +1,317 @@
+"""One step for every decode path: running sequences advanced together by batched forwards.
+
+``Scheduler`` owns the sequences of a model: a waiting queue, the ones being prefilled, and the running
+batch, whose state holds one row per sequence at its own position. ``step()`` does, in order:
+
+  1. admit waiting sequences while there is room (``max_batch``; for a paged cache, free blocks);
+  2. prefill: one forward over the next chunk of every admitted prompt (a ragged batch; ``prefill_chunk``
+     caps the tokens a prompt feeds per step, so a long prompt does not stall the others' streams); a
+     prompt that is complete samples its first token and joins the running batch;
+  3. decode: one forward over every running sequence's newest token, T = 1 (with a proposer, the token
+     plus up to k drafts, T = k+1: speculative verification); each row samples its next token(s).
+
+Prefill and decode are separate forwards because their shapes differ (hundreds of tokens in a few rows,
+against one token in many rows); each is one batched call. ``generate``, the streaming ``Engine``, prefix
+reuse and speculative decoding all run on this step; the server drives it too.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from attnlab.engine.sampling import SamplingParams, sample
+from attnlab.engine.stops import StopChecker
+from attnlab.models.paged import OutOfBlocks
+
+
+@dataclass
+class Sequence:
+    """One request: its prompt, how to sample, and everything produced so far."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stopper: StopChecker = field(default_factory=StopChecker)
+    id: int = 0
+    tokens: list[int] = field(default_factory=list)  # generated
+    logprobs: list[float] = field(default_factory=list)
+    stamps_s: list[float] = field(default_factory=list)  # since submission, when each token existed
+    finish_reason: str | None = None  # "stop", "length" or "cancelled"
+    cached_tokens: int = 0  # prompt tokens whose keys/values came from a cache instead of a prefill
+    fed: int = 0  # prompt tokens fed to the model so far (prefill progress)
+    proposed: int = 0  # speculative decoding: draft tokens proposed and accepted
+    accepted: int = 0
+    rounds: int = 0
+    state: object = None  # with keep_finished: the finished sequence's own one-row state
+    submitted: float = 0.0
+    gen: torch.Generator | None = None
+    preemptions: int = 0
+
+    @property
+    def context(self) -> list[int]:
+        """What a prefill must feed: the prompt, or after a preemption everything read but the newest token."""
+        return self.prompt + self.tokens[:-1] if self.tokens else self.prompt
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def text(self) -> list[int]:
+        return self.prompt + self.tokens
+
+
+@dataclass
+class Event:
+    """A token that now exists: the sequence, the token, its logprob, and whether the sequence ended."""
+
+    seq: Sequence
+    token: int
+    logprob: float
+    finished: bool
+
+
+class Scheduler:
+    def __init__(self, model, *, max_len: int | None = None, max_batch: int | None = None,
+                 prefill_chunk: int | None = None, cache_dtype=None, pool=None, paged: bool = False,
+                 proposer=None, keep_finished: bool = False):
+        """``pool``: a BlockPool shared by every sequence (paged KV cache with prefix caching); ``paged``
+        without one makes a pool sized for max_batch sequences of max_len. ``proposer``: drafts for
+        speculative decoding. ``keep_finished``: a finished sequence keeps its state row (prefix reuse for
+        states that cannot be shared by block)."""
+        self.model = model
+        cfg = model.cfg
+        self.max_len = max_len or cfg.max_seq_len
+        self.max_batch = max_batch or 1 << 30
+        self.prefill_chunk = prefill_chunk
+        self.proposer = proposer
+        self.keep_finished = keep_finished
+        self.device = next(model.parameters()).device
+        attention_kv = cfg.family == "transformer" and cfg.kernel != "sliding"
+        if paged and pool is None and attention_kv:
+            pool = model.new_pool(min(self.max_batch, 64) * -(-self.max_len // 16), 16, cache_dtype)
+        self.pool = pool if attention_kv else None
+        self.cache_dtype = cache_dtype
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.prefill_state = self._new_state()
+        self.state = self._new_state()
+        self._next_id = 0
+
+    def _new_state(self):
+        if self.pool is not None:
+            return self.model.new_state(0, pool=self.pool)
+        return self.model.new_state(0, self.max_len, dtype=self.cache_dtype)
+
+    # -- requests ----------------------------------------------------------------------------------------
+    def submit(self, seq: Sequence) -> Sequence:
+        seq.id, self._next_id = self._next_id, self._next_id + 1
+        seq.submitted = time.perf_counter()
+        seq.gen = torch.Generator(device=self.device).manual_seed(seq.params.seed)
+        self.waiting.append(seq)
+        return seq
+
+    def cancel(self, seq: Sequence) -> None:
+        """Stop a sequence wherever it is; its state row (and blocks) are freed at once."""
+        if seq.done:
+            return
+        seq.finish_reason = "cancelled"
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.prefilling:
+            self._drop(self.prefilling, self.prefill_state, seq, keep=False)
+        elif seq in self.running:
+            self._drop(self.running, self.state, seq, keep=False)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.running)
+
+    # -- the step ----------------------------------------------------------------------------------------
+    def step(self) -> list[Event]:
+        events: list[Event] = []
+        with torch.inference_mode():
+            self._admit()
+            if self.prefilling:
+                events += self._prefill()
+            if self.running:
+                events += self._decode()
+        return events
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.prefilling) + len(self.running) < self.max_batch:
+            seq = self.waiting[0]
+            if seq.state is not None:  # a caller-supplied state holding the prompt's first tokens
+                given = seq.state
+                seq.state = None
+                self.prefill_state.extend(given)
+                seq.fed = seq.cached_tokens = int(given.pos[0])
+            elif self.pool is not None:
+                if self.prefilling or self.running:  # wait for blocks rather than fail (an idle pool tries anyway)
+                    # keep a block of headroom per running sequence, so that admitting does not starve decoding
+                    room = self.pool.free_blocks - self._reserved_blocks() - len(self.running)
+                    if room < self._blocks_for(seq.context):
+                        break
+                row = self.prefill_state.add_sequence(seq.context)
+                seq.fed = seq.cached_tokens = int(self.prefill_state.pos[row])
+            else:
+                self.prefill_state.add_sequence()
+            self.waiting.popleft()
+            self.prefilling.append(seq)
+            if self.proposer is not None:
+                self.proposer.admit(seq)
+
+    def _blocks_for(self, context: list[int]) -> int:
+        """Blocks a context needs to be prefilled and take its first decode step."""
+        return -(-(len(context) + 1) // self.pool.block_size)
+
+    def _reserved_blocks(self) -> int:
+        """Blocks the sequences being prefilled still have to take."""
+        return sum(max(0, self._blocks_for(s.context) - len(t))
+                   for s, t in zip(self.prefilling, self.prefill_state.tables))
+
+    def _prefill(self) -> list[Event]:
+        chunk = self.prefill_chunk or 1 << 30
+        pieces = [seq.context[seq.fed:seq.fed + chunk] for seq in self.prefilling]
+        lengths = torch.tensor([len(p) for p in pieces])
+        T = int(lengths.max())
+        tokens = torch.tensor([p + [0] * (T - len(p)) for p in pieces], device=self.device)  # (B, T) right-filled
+        try:
+            logits, _ = self.model(tokens, self.prefill_state, last_only=True, lengths=lengths)
+        except OutOfBlocks:
+            return self._preempt_for(self.prefilling[-1])
+        events, done_rows = [], []
+        for r, seq in enumerate(self.prefilling):
+            seq.fed += len(pieces[r])
+            if seq.fed == len(seq.context):
+                if not seq.tokens:  # a resumed sequence already has its newest token: decode feeds it
+                    events += self._emit(seq, [logits[r, -1]], 1)
+                done_rows.append(r)
+        if done_rows:
+            joined = [self.prefilling[r] for r in done_rows]
+            if len(done_rows) == len(self.prefilling) and self.state.batch_size == 0:
+                moved, self.prefill_state = self.prefill_state, self._new_state()  # no copy
+                self.state = moved
+            else:
+                self.state.extend(self.prefill_state.take(done_rows))
+            self.prefilling = [s for i, s in enumerate(self.prefilling) if i not in set(done_rows)]
+            self.running += joined
+            if self.proposer is not None:
+                self.proposer.joined(joined)
+            self._retire(events)
+        return events
+
+    def _decode(self) -> list[Event]:
+        seqs = self.running
+        drafts, dists = ([[] for _ in seqs], None) if self.proposer is None else self.proposer.propose(seqs)
+        for i, seq in enumerate(seqs):  # never draft past the request's end
+            room = seq.max_new_tokens - len(seq.tokens) - 1
+            drafts[i] = drafts[i][:max(room, 0)]
+        lengths = torch.tensor([1 + len(d) for d in drafts])
+        T = int(lengths.max())
+        tokens = torch.tensor([[s.tokens[-1]] + d + [0] * (T - 1 - len(d)) for s, d in zip(seqs, drafts)],
+                              device=self.device)  # (B, T): the newest token, then the drafts
+        try:
+            logits, _ = self.model(tokens, self.state, lengths=None if T == 1 else lengths)
+        except OutOfBlocks:  # make room by preempting the newest, then decode the rest in this same step
+            self._preempt_for(seqs[-1])
+            return self._decode() if self.running else []
+        events = []
+        plain = {r for r, seq in enumerate(seqs) if not drafts[r] and seq.params.greedy
+                 and seq.params.repetition_penalty == 1.0}
+        if plain:  # greedy rows with nothing to verify: one argmax and one log-softmax for all of them
+            order = sorted(plain)
+            rows = logits[order, 0].float()  # (b, V)
+            ids = rows.argmax(-1)
+            lps = (rows.gather(1, ids[:, None])[:, 0] - torch.logsumexp(rows, -1)).tolist()
+            for r, tok, lp in zip(order, ids.tolist(), lps):
+                events += self._append(seqs[r], [(tok, lp)])
+        for r, seq in enumerate(seqs):
+            n = len(drafts[r])
+            rows = logits[r, :n + 1]
+            if n == 0:
+                if r not in plain:
+                    events += self._emit(seq, [rows[0]], 1)
+                continue
+            accepted = self.proposer.verify(seq, drafts[r], None if dists is None else dists[r], rows)
+            seq.rounds += 1
+            seq.proposed += n
+            seq.accepted += len(accepted) - 1
+            events += self._emit(seq, None, len(accepted), chosen=accepted, rows=rows)
+        # Rows that rejected drafts forget them: the cache keeps the text but its newest token.
+        if T > 1:
+            self.state.rollback([len(s.text) - 1 for s in seqs])
+        if self.proposer is not None:
+            self.proposer.accepted(seqs)
+        self._retire(events)
+        return events
+
+    def _emit(self, seq: Sequence, logit_rows, n: int, chosen=None, rows=None) -> list[Event]:
+        """Append n tokens to seq (sampled from logit_rows, or the verified `chosen` (token, row) pairs)."""
+        if chosen is None:
+            ids, lps = self._sample(seq, torch.stack(logit_rows))
+            chosen = [(int(ids[0]), 0)]
+            logps = [float(lps[0])]
+        else:
+            sel = torch.tensor([[t] for t, _ in chosen], device=rows.device)
+            picked = rows[[i for _, i in chosen]].float()
+            logps = (picked.gather(1, sel) - torch.logsumexp(picked, -1, keepdim=True))[:, 0].tolist()
+        return self._append(seq, [(tok, lp) for (tok, _), lp in zip(chosen, logps)])
+
+    def _append(self, seq: Sequence, new: list[tuple[int, float]]) -> list[Event]:
+        """Give seq its new (token, logprob) pairs until it stops; one event each."""
+        now = time.perf_counter() - seq.submitted
+        events = []
+        for tok, lp in new:
+            if seq.done:
+                break
+            seq.tokens.append(tok)
+            seq.logprobs.append(lp)
+            seq.stamps_s.append(now)
+            if seq.stopper.done(seq.tokens):
+                seq.finish_reason = "stop"
+            elif len(seq.tokens) >= seq.max_new_tokens:
+                seq.finish_reason = "length"
+            events.append(Event(seq, tok, lp, seq.done))
+        return events
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor):
+        seen = None
+        if seq.params.repetition_penalty != 1.0:
+            seen = torch.tensor([seq.text], device=logits.device)
+        return sample(logits, seq.params, seq.gen, seen)
+
+    def _retire(self, events: list[Event]) -> None:
+        for e in events:
+            if e.finished and e.seq in self.running:
+                self._drop(self.running, self.state, e.seq, keep=self.keep_finished)
+
+    def _drop(self, group: list[Sequence], state, seq: Sequence, keep: bool) -> None:
+        row = group.index(seq)
+        if self.proposer is not None and group is self.running:
+            self.proposer.release(row)
+        if keep:
+            seq.state = state.take([row])
+        else:
+            state.release(row)
+        group.pop(row)
+
+    def _preempt_for(self, seq: Sequence) -> list[Event]:
+        """Out of KV blocks: put the newest running (or prefilling) sequence back at the head of the queue; it
+        is recomputed from its text when blocks free up (preemption by recompute). Nothing it produced is lost."""
+        group, state = (self.running, self.state) if self.running else (self.prefilling, self.prefill_state)
+        victim = group[-1]
+        if len(self.running) + len(self.prefilling) <= 1:
+            raise OutOfBlocks(f"one sequence of {len(victim.text)} tokens does not fit in the KV pool of "
+                              f"{self.pool.n_blocks} blocks x {self.pool.block_size}; allocate more blocks")
+        self._drop(group, state, victim, keep=False)
+        victim.fed = 0
+        victim.preemptions += 1
+        self.waiting.appendleft(victim)
+        if self.proposer is not None:
+            self.proposer.accepted(self.running)
+        return []

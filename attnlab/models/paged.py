@@ -1,0 +1,362 @@
+"""Paged KV cache: fixed-size blocks from one pool, a block table per sequence, prefix sharing by block.
+
+Contiguous caches preallocate max_len slots per sequence; most of it is never used when sequences end at
+different lengths. Here (after vLLM's PagedAttention, Kwon et al. 2023, and nano-vllm's block manager) every
+layer's keys live in one pool of ``n_blocks`` blocks of ``block_size`` tokens; sequence b owns the blocks
+listed in its table, so it holds ceil(pos[b] / block_size) blocks, never more. A finished sequence's blocks go
+back to the free list and the next sequence reuses them.
+
+Prefix sharing: a full block is keyed by a hash of its token ids chained with the previous block's key, so a
+key names the whole prefix up to the block's end. Blocks are reference-counted; a new sequence whose prompt
+starts with cached blocks takes them (no prefill for those tokens). Where its prompt diverges inside a cached
+block, the block is copied and the matching part reused (copy on divergence); a write into a block that
+other sequences share copies it first (copy on write). A freed block keeps its key until it is reallocated,
+so a later request can still find it (free blocks without a key are handed out first); a finished
+sequence's last, partly filled block is kept the same way, so a chat's next turn reuses every token.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+
+import torch
+
+from attnlab.errors import AttnlabError
+from attnlab.models.state import Rows, as_positions
+
+
+class OutOfBlocks(AttnlabError):
+    """The pool has no free block left; the caller may wait for sequences to finish, or preempt one."""
+
+
+class BlockPool:
+    """K/V storage for every layer as (Hkv, n_blocks * block_size, D), plus the block manager."""
+
+    def __init__(self, n_layers: int, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
+                 dtype=torch.float32, device="cpu"):
+        if n_blocks < 1 or block_size < 1:
+            raise AttnlabError(f"a paged cache needs n_blocks >= 1 and block_size >= 1, got {n_blocks}, {block_size}")
+        self.n_blocks, self.block_size = n_blocks, block_size
+        shape = (n_kv_heads, n_blocks * block_size, head_dim)  # token slots in block order: a run is a view
+        # Zeros: masked slots are still multiplied by 0, and uninitialised memory may hold NaN.
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.ref = [0] * n_blocks
+        self.key: list[int | None] = [None] * n_blocks  # prefix key of a full, registered block
+        self.tokens: list[tuple | None] = [None] * n_blocks  # its token ids (a key hit is checked against them)
+        self.by_key: dict[int, int] = {}
+        self.children: dict[int | None, set[int]] = {}  # prefix key -> registered blocks that continue it
+        self.parent: list[int | None] = [None] * n_blocks
+        self._clean = list(range(n_blocks))  # free, no key: a min-heap, so a sequence's blocks tend to be a run
+        self._cached: OrderedDict[int, None] = OrderedDict()  # free but keyed: evicted oldest first
+        self.hits = self.lookups = 0  # prefix-cache statistics, in blocks
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._clean) + len(self._cached)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.n_blocks - self.free_blocks
+
+    @property
+    def bytes_per_block(self) -> int:
+        t = self.k[0]
+        return 2 * len(self.k) * t.shape[0] * self.block_size * t.shape[2] * t.element_size()
+
+    @property
+    def nbytes(self) -> int:
+        return self.bytes_per_block * self.n_blocks
+
+    def allocate(self) -> int:
+        if self._clean:
+            b = heapq.heappop(self._clean)
+        elif self._cached:
+            b, _ = self._cached.popitem(last=False)
+            self._forget(b)
+        else:
+            raise OutOfBlocks(f"the KV pool's {self.n_blocks} blocks of {self.block_size} tokens are all in use; "
+                              "allocate more blocks, or wait for a sequence to finish")
+        self.ref[b] = 1
+        return b
+
+    def incref(self, b: int) -> None:
+        if self.ref[b] == 0:
+            self._cached.pop(b, None)
+        self.ref[b] += 1
+
+    def decref(self, b: int) -> None:
+        self.ref[b] -= 1
+        assert self.ref[b] >= 0, "block freed twice"
+        if self.ref[b] == 0:
+            if self.key[b] is None:
+                heapq.heappush(self._clean, b)
+            else:
+                self._cached[b] = None
+
+    def _forget(self, b: int) -> None:
+        if self.key[b] is not None and self.by_key.get(self.key[b]) == b:
+            del self.by_key[self.key[b]]
+            self.children.get(self.parent[b], set()).discard(b)
+        self.key[b] = self.tokens[b] = self.parent[b] = None
+
+    def unregister(self, b: int) -> None:
+        """Its contents are about to change: it no longer holds the prefix its key names."""
+        self._forget(b)
+
+    def register(self, b: int, key: int, tokens: tuple, parent: int | None) -> None:
+        if key in self.by_key or self.key[b] is not None:
+            return  # an identical block is already cached (this one stays private), or this one is keyed
+        self.key[b], self.tokens[b], self.parent[b] = key, tokens, parent
+        self.by_key[key] = b
+        self.children.setdefault(parent, set()).add(b)
+
+    def find(self, key: int, tokens: tuple) -> int | None:
+        b = self.by_key.get(key)
+        return b if b is not None and self.tokens[b] == tokens else None
+
+    def copy_block(self, src: int, dst: int, n: int | None = None) -> None:
+        bs = self.block_size
+        n = bs if n is None else n
+        for t in self.k + self.v:
+            t[:, dst * bs:dst * bs + n] = t[:, src * bs:src * bs + n]
+
+
+def block_key(parent: int | None, tokens: tuple) -> int:
+    """The key of a full block: its tokens chained with the key of everything before it."""
+    return hash((parent, tokens))
+
+
+class PagedKVCache(Rows):
+    """A batch of sequences whose keys and values live in a shared ``BlockPool``."""
+
+    def __init__(self, pool: BlockPool):
+        self.pool = pool
+        self.pos = torch.zeros(0, dtype=torch.long)
+        self.tables: list[list[int]] = []
+        self.history: list[list[int]] = []  # token ids consumed per row (block keys are computed from them)
+        self.keys: list[list[int]] = []  # per row: keys of its full blocks, in order
+        self._lengths, self._T = None, 0
+
+    @property
+    def block_size(self) -> int:
+        return self.pool.block_size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the blocks this batch holds (a block shared by two rows counted once)."""
+        return len({b for t in self.tables for b in t}) * self.pool.bytes_per_block
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.pool.bytes_per_block // self.block_size
+
+    @property
+    def used_bytes(self) -> int:
+        return self.nbytes
+
+    # -- sequences ---------------------------------------------------------------------------------------
+    def add_sequence(self, prompt: list[int] | None = None) -> int:
+        """A new row; with a prompt, its longest cached prefix is taken from the pool (pos says how much).
+
+        At least the prompt's last token is left to run, since its logits are what the caller needs."""
+        self.tables.append([])
+        self.history.append([])
+        self.keys.append([])
+        self.pos = torch.cat([self.pos, torch.zeros(1, dtype=torch.long)])
+        row = self.batch_size - 1
+        if prompt:
+            self._reuse_prefix(row, list(prompt)[:len(prompt) - 1])
+        return row
+
+    def _reuse_prefix(self, row: int, prompt: list[int]) -> None:
+        pool, bs = self.pool, self.block_size
+        parent, n = None, 0
+        while n + bs <= len(prompt):  # whole blocks, by key
+            chunk = tuple(prompt[n:n + bs])
+            key = block_key(parent, chunk)
+            pool.lookups += 1
+            b = pool.find(key, chunk)
+            if b is None:
+                break
+            pool.hits += 1
+            pool.incref(b)
+            self.tables[row].append(b)
+            self.keys[row].append(key)
+            parent, n = key, n + bs
+        rest = prompt[n:n + bs]
+        if rest:  # copy on divergence: a cached block that starts like the rest of the prompt
+            best, best_m = None, 0
+            for b in sorted(pool.children.get(parent, ())):
+                toks = pool.tokens[b]
+                m = 0
+                while m < min(len(rest), len(toks)) and toks[m] == rest[m]:
+                    m += 1
+                if m > best_m:
+                    best, best_m = b, m
+            if best is not None:
+                pool.incref(best)  # hold it while copying: allocate() must not evict it
+                try:
+                    dst = pool.allocate()
+                finally:
+                    pool.decref(best)
+                pool.copy_block(best, dst, best_m)
+                self.tables[row].append(dst)
+                n += best_m
+        self.history[row] = prompt[:n]
+        self.pos[row] = n
+
+    def release(self, row: int) -> None:
+        """Free a row's blocks. A last, partly filled block of its own stays findable by its tokens (keyed
+        like a full block, but shorter), so the next turn of a chat reuses all of it by copy."""
+        p, bs, table = int(self.pos[row]), self.block_size, self.tables[row]
+        if p % bs and len(table) > p // bs and self.pool.ref[table[p // bs]] == 1:
+            keys = self.keys[row][:p // bs]
+            tail = tuple(self.history[row][p - p % bs:p])
+            parent = keys[-1] if keys else None
+            self.pool.register(table[p // bs], block_key(parent, tail), tail, parent)
+        for b in table:
+            self.pool.decref(b)
+        self._drop([row])
+
+    def _drop(self, rows) -> None:
+        keep = [r for r in range(self.batch_size) if r not in set(rows)]
+        self.tables = [self.tables[r] for r in keep]
+        self.history = [self.history[r] for r in keep]
+        self.keys = [self.keys[r] for r in keep]
+        self.pos = self.pos[keep]
+
+    def take(self, rows) -> "PagedKVCache":
+        rows = list(rows)
+        out = PagedKVCache(self.pool)
+        out.tables = [self.tables[r] for r in rows]
+        out.history = [self.history[r] for r in rows]
+        out.keys = [self.keys[r] for r in rows]
+        out.pos = self.pos[rows].clone()
+        self._drop(rows)
+        return out
+
+    def extend(self, other: "PagedKVCache") -> None:
+        if other.pool is not self.pool:
+            raise AttnlabError("paged caches can only be joined when they share one block pool")
+        self.tables += other.tables
+        self.history += other.history
+        self.keys += other.keys
+        self.pos = torch.cat([self.pos, other.pos])
+        other.tables, other.history, other.keys, other.pos = [], [], [], other.pos[:0]
+
+    def rollback(self, pos) -> None:
+        new = as_positions(pos, self.batch_size)
+        if bool((new < 0).any()) or bool((new > self.pos).any()):
+            raise AttnlabError(f"cannot roll a paged cache at {self.pos.tolist()} back to {new.tolist()}")
+        bs = self.block_size
+        for r in range(self.batch_size):
+            p = int(new[r])
+            keep = -(-p // bs)
+            for b in self.tables[r][keep:]:
+                self.pool.decref(b)
+            self.tables[r] = self.tables[r][:keep]
+            self.history[r] = self.history[r][:p]
+            self.keys[r] = self.keys[r][:p // bs]
+        self.pos = new
+
+    # -- a forward ---------------------------------------------------------------------------------------
+    def _writable(self, row: int, i: int) -> None:
+        """Block i of a row is about to be written: copy it if shared, unkey it if keyed."""
+        pool, b = self.pool, self.tables[row][i]
+        if pool.ref[b] > 1:
+            dst = pool.allocate()
+            pool.copy_block(b, dst)
+            pool.decref(b)
+            self.tables[row][i] = dst
+        elif pool.key[b] is not None:
+            pool.unregister(b)
+
+    def begin(self, tokens, lengths=None):
+        positions = self._begin(tokens, lengths)
+        bs, B, T = self.block_size, self.batch_size, self._T
+        n_new = [T if self._lengths is None else int(self._lengths[r]) for r in range(B)]
+        host = tokens.tolist()
+        write_slots, write_src = [], []
+        try:
+            for r in range(B):
+                p = int(self.pos[r])
+                if p % bs:
+                    self._writable(r, p // bs)
+                while len(self.tables[r]) * bs < p + n_new[r]:
+                    self.tables[r].append(self.pool.allocate())
+                table = self.tables[r]
+                for i in range(n_new[r]):
+                    write_slots.append(table[(p + i) // bs] * bs + (p + i) % bs)
+                    write_src.append(r * T + i)
+        except OutOfBlocks:
+            self._trim_tables()
+            raise
+        self._pending = [host[r][:n_new[r]] for r in range(B)]
+        dev = self.pool.k[0].device
+        kv_len = self.pos + torch.tensor(n_new, dtype=torch.long)
+        S = int(kv_len.max())
+        run = self._run(0, S) if B == 1 else None
+        src = None if self._lengths is None else torch.tensor(write_src, device=dev)
+        if run is not None:
+            self._plan = (torch.tensor(write_slots, device=dev), src, run, None, None)
+        else:
+            nb = -(-S // bs)
+            table = torch.tensor([t[:nb] + [0] * (nb - len(t[:nb])) for t in self.tables], dtype=torch.long)
+            j = torch.arange(S)
+            gather = (table[:, j // bs] * bs + j % bs).to(dev)  # (B, S) pool slot of each row's key j
+            self._plan = (torch.tensor(write_slots, device=dev), src, None, gather, (positions.to(dev), kv_len.to(dev)))
+        return positions
+
+    def _run(self, row: int, S: int):
+        """(first slot, S) when the row's first S keys sit in consecutive blocks: read them as a view."""
+        bs, table = self.block_size, self.tables[row]
+        nb = -(-S // bs)
+        if all(table[i] == table[0] + i for i in range(nb)):
+            return table[0] * bs, S
+        return None
+
+    def _trim_tables(self) -> None:
+        bs = self.block_size
+        for r in range(self.batch_size):
+            keep = -(-int(self.pos[r]) // bs)
+            for b in self.tables[r][keep:]:
+                self.pool.decref(b)
+            self.tables[r] = self.tables[r][:keep]
+
+    def attention(self, layer: int, q, k, v, run):
+        write_slots, write_src, view, gather, ragged = self._plan
+        pk, pv = self.pool.k[layer], self.pool.v[layer]
+        B, Hkv, T, D = k.shape
+        new_k = k.permute(1, 0, 2, 3).reshape(Hkv, B * T, D)  # (Hkv, B*T, D)
+        new_v = v.permute(1, 0, 2, 3).reshape(Hkv, B * T, D)
+        if write_src is not None:
+            new_k, new_v = new_k[:, write_src], new_v[:, write_src]
+        pk[:, write_slots] = new_k
+        pv[:, write_slots] = new_v
+        if view is not None:  # one sequence in consecutive blocks: no copy
+            start, S = view
+            if self._lengths is None:
+                return run(q, pk[None, :, start:start + S], pv[None, :, start:start + S])
+            return run(q, pk[None, :, start:start + S], pv[None, :, start:start + S],
+                       q_pos=(self.pos[:, None] + torch.arange(T)).to(q.device),
+                       kv_len=torch.tensor([S], device=q.device))
+        q_pos, kv_len = ragged
+        keys = pk[:, gather].transpose(0, 1)  # (B, Hkv, S, D): each row's keys gathered from its blocks
+        vals = pv[:, gather].transpose(0, 1)
+        return run(q, keys, vals, q_pos=q_pos, kv_len=kv_len)
+
+    def commit(self) -> None:
+        super().commit()
+        bs, pool = self.block_size, self.pool
+        for r, new in enumerate(self._pending):
+            hist = self.history[r]
+            hist.extend(new)
+            keys = self.keys[r]
+            while (len(keys) + 1) * bs <= len(hist):  # newly full blocks get their prefix key
+                i = len(keys)
+                chunk = tuple(hist[i * bs:(i + 1) * bs])
+                key = block_key(keys[-1] if keys else None, chunk)
+                keys.append(key)
+                pool.register(self.tables[r][i], key, chunk, keys[-2] if len(keys) > 1 else None)
+        self._pending = []
