@@ -11,10 +11,8 @@ TEMPLATE = Path(__file__).with_name("template.html")
 
 
 def run_report(scale: str = "quick", only: list[int] | None = None, device: str = "cpu", progress=None) -> dict:
-    import torch
-
     from attnlab.experiments import registry
-    from attnlab.report_context import machine_context
+    from attnlab.runtime import machine_context, set_threads
 
     exps = registry()
     if only:
@@ -22,7 +20,7 @@ def run_report(scale: str = "quick", only: list[int] | None = None, device: str 
         if missing:
             raise AttnlabError(f"--only {missing}: no such claim; claims are {', '.join(map(str, sorted(exps)))}")
     chosen = [exps[i] for i in sorted(exps) if not only or i in only]
-    torch.set_flush_denormal(True)
+    set_threads()  # keeps the thread count, flushes denormals
     t0 = time.perf_counter()
     claims = []
     for exp in chosen:
