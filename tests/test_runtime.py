@@ -1,4 +1,5 @@
 """The runtime: threads and denormals, device choice, CPU capabilities, the dtype policy, the machine context."""
+import ast
 import pathlib
 import warnings
 
@@ -18,6 +19,7 @@ AMX_CPUINFO = """processor\t: 0
 model name\t: Intel(R) Xeon(R) Platinum 8480+
 flags\t\t: fpu sse2 avx avx2 avx512f avx512bw avx512_bf16 amx_bf16 amx_tile amx_int8
 """
+EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "attnlab" / "experiments"
 
 
 def _caps(cpuinfo: str) -> CpuCapabilities:
@@ -132,3 +134,15 @@ def test_generate_with_emulated_bf16_warns_on_the_command_line(tmp_path, capsys,
     monkeypatch.setattr(runtime, "cpu_capabilities", lambda: _caps(AMX_CPUINFO))
     assert main(args + ["--dtype", "bf16"]) == 0 and "warning" not in capsys.readouterr().err
 
+
+def test_no_experiment_hard_codes_the_cpu():
+    """Every experiment runs where `attnlab report --device` says: it uses its device argument (or declares,
+    like e01's meta-device trace, where it ran instead) and never names "cpu" itself."""
+    for path in sorted(EXPERIMENTS.glob("e[0-9]*.py")):
+        source = path.read_text()
+        assert '"cpu"' not in source and "'cpu'" not in source, path.name
+        run = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "run")
+        reads_device = any(isinstance(n, ast.Name) and n.id == "device" and isinstance(n.ctx, ast.Load)
+                           for n in ast.walk(run))
+        declares = any(isinstance(n, ast.keyword) and n.arg == "device" for n in ast.walk(run))
+        assert reads_device or declares, f"{path.name}: run() ignores its device"
