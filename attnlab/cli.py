@@ -72,6 +72,9 @@ def cmd_train(args) -> int:
     set_threads(args.threads)
     summary = train(_model_config(args), _train_config(args), args.out, resume=args.resume,
                     overwrite=args.overwrite, progress=not args.quiet)
+    if summary.get("stale_lock_pid"):
+        print(f"attnlab train: note: {args.out} was last locked by pid {summary['stale_lock_pid']}, a run that was "
+              "killed; its lock was taken over", file=sys.stderr)
     print(json.dumps(summary) if args.json else
           f"trained {summary['params']:,} params to step {summary['final_step']} in {summary['train_s']:.1f} s: "
           f"loss {summary.get('loss', float('nan')):.4f}, held-out loss {summary.get('val_loss', float('nan')):.4f}; "
@@ -278,7 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-every", type=int)
     g.add_argument("--log-every", type=int)
     g.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
-    g.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a checkpoint")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace the checkpoint in --out with a new run (without it, or --resume, a folder that "
+                        "holds a checkpoint is refused)")
     g.add_argument("--threads", type=int)
     g.add_argument("--quiet", action="store_true")
     g.add_argument("--json", action="store_true")
