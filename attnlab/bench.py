@@ -2,7 +2,8 @@
 and SSM mixers) at each sequence length, every configuration in a fresh subprocess.
 
 Peak memory follows ../shared/MEASURING.md: the child's max RSS minus its resident size after imports and
-input allocation, so the figure is what the kernel itself needs. A configuration whose predicted
+input allocation, so the figure is what the kernel itself needs (on CUDA: torch.cuda.max_memory_allocated
+above the inputs, and every timed call synchronised). A configuration whose predicted
 need exceeds the memory budget is not run (reported with the prediction) rather than risking the
 machine. Inputs: batch 1, causal, q/k/v of shape (1, H, T, D).
 """
@@ -28,28 +29,28 @@ def predicted_bytes(kernel: str, T: int, H: int, D: int, dtype_bytes: int = 4) -
     return 64 * H * T * D * dtype_bytes
 
 
-def _run_one(kernel: str, T: int, H: int, D: int, repeats: int, dtype: str) -> dict:
+def _run_one(kernel: str, T: int, H: int, D: int, repeats: int, dtype: str, device: str = "cpu") -> dict:
     from attnlab.models.attention import KERNELS
     from attnlab.models.linear import linear_parallel, phi
     from attnlab.models.ssm import selective_scan
     from attnlab.models.sparse import default_block, pairs_scored
+    from attnlab.runtime import synchronize
 
-    torch.set_flush_denormal(True)
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    on = dict(dtype=dt, device=device)
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, H, T, D, generator=g).to(dt) for _ in range(3))
+    q, k, v = (torch.randn(1, H, T, D, generator=g).to(**on) for _ in range(3))
     if kernel == "ssm":
         E, N = H * D, 16
         u = q.transpose(1, 2).reshape(1, T, E)
         delta = torch.nn.functional.softplus(k.transpose(1, 2).reshape(1, T, E))
-        Bt, Ct = torch.randn(1, T, N, dtype=dt), torch.randn(1, T, N, dtype=dt)
-        A = -torch.arange(1, N + 1, dtype=dt).repeat(E, 1)
-        fn = lambda: selective_scan(u, delta, A, Bt, Ct, torch.ones(E, dtype=dt), torch.zeros(1, E, N, dtype=dt),
-                                    chunk=256)
+        Bt, Ct = torch.randn(1, T, N, **on), torch.randn(1, T, N, **on)
+        A = -torch.arange(1, N + 1, **on).repeat(E, 1)
+        fn = lambda: selective_scan(u, delta, A, Bt, Ct, torch.ones(E, **on), torch.zeros(1, E, N, **on), chunk=256)
         pairs = None
     elif kernel == "linear":
         fq, fk = phi(q), phi(k)
-        fn = lambda: linear_parallel(fq, fk, v, torch.zeros(1, H, D, D, dtype=dt), torch.zeros(1, H, D, dtype=dt), 64)
+        fn = lambda: linear_parallel(fq, fk, v, torch.zeros(1, H, D, D, **on), torch.zeros(1, H, D, **on), 64)
         pairs = None
     else:
         kw = dict(q_offset=0, causal=True, alibi_slopes=None, scale=D ** -0.5)
@@ -60,14 +61,24 @@ def _run_one(kernel: str, T: int, H: int, D: int, repeats: int, dtype: str) -> d
         fn = lambda: KERNELS[kernel](q, k, v, **kw)
         pairs = {"sliding": sum(min(i + 1, 256) for i in range(T)), "block_sparse": pairs_scored(T, default_block(T))
                  }.get(kernel, T * (T + 1) // 2)
-    base = _current_rss()  # what the process holds now (inputs included); the peak above it is the kernel's
+    cuda = torch.device(device).type == "cuda"
+    if cuda:  # GPU memory: torch's own peak counter, above what the inputs hold (MEASURING.md)
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    else:
+        base = _current_rss()  # what the process holds now (inputs included); the peak above it is the kernel's
     times = []
     with torch.inference_mode():
         for _ in range(repeats):
             t = time.perf_counter()
             fn()
+            synchronize(device)
             times.append(time.perf_counter() - t)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    if cuda:
+        peak = torch.cuda.max_memory_allocated(device) - base
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     return {"kernel": kernel, "seq_len": T, "time_s": statistics.median(times), "time_min_s": min(times),
             "peak_bytes": peak, "pairs_scored": pairs, "status": "ok"}
 
@@ -82,7 +93,7 @@ def _current_rss() -> int:
 
 def bench_attention(kernels: list[str], seq_lens: list[int], heads: int = 12, head_dim: int = 64, repeats: int = 3,
                     budget_bytes: float = 16 * 2**30, dtype: str = "fp32", threads: int | None = None,
-                    progress=None) -> list[dict]:
+                    progress=None, device: str = "cpu") -> list[dict]:
     from attnlab.errors import AttnlabError
     from attnlab.models.attention import KERNELS
 
@@ -100,7 +111,8 @@ def bench_attention(kernels: list[str], seq_lens: list[int], heads: int = 12, he
                              f"skipped: would need about {need / 2**30:.1f} GiB (budget {budget_bytes / 2**30:.0f} GiB)"})
                 continue
             cmd = [sys.executable, "-c", "import json,sys; from attnlab.bench import _child; _child()",
-                   json.dumps([kernel, T, heads, head_dim, repeats, dtype, threads or torch.get_num_threads()])]
+                   json.dumps([kernel, T, heads, head_dim, repeats, dtype, threads or torch.get_num_threads(),
+                               str(device)])]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 tail = proc.stderr.strip().splitlines()[-1:] or ["killed"]
@@ -114,9 +126,11 @@ def bench_attention(kernels: list[str], seq_lens: list[int], heads: int = 12, he
 
 
 def _child() -> None:
-    kernel, T, H, D, repeats, dtype, threads = json.loads(sys.argv[1])
-    torch.set_num_threads(threads)
-    print(json.dumps(_run_one(kernel, T, H, D, repeats, dtype)))
+    from attnlab.runtime import resolve_device, set_threads
+
+    kernel, T, H, D, repeats, dtype, threads, device = json.loads(sys.argv[1])
+    set_threads(threads)
+    print(json.dumps({**_run_one(kernel, T, H, D, repeats, dtype, str(resolve_device(device))), "device": device}))
 
 
 def growth_exponent(rows: list[dict], kernel: str) -> float | None:

@@ -10,8 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from attnlab.cli_measure import add_measure_commands
+from attnlab.cli_measure import add_measure_commands, warn_if_emulated
 from attnlab.errors import AttnlabError
+from attnlab.runtime import set_threads
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,20 +66,15 @@ def _train_config(args):
     return TrainConfig(**fields)
 
 
-def _set_threads(n: int | None) -> None:
-    import torch
-
-    if n:
-        torch.set_num_threads(n)
-    torch.set_flush_denormal(True)  # denormals made a model 14x slower on these CPUs (MEASURING.md)
-
-
 def cmd_train(args) -> int:
     from attnlab.train import train
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     summary = train(_model_config(args), _train_config(args), args.out, resume=args.resume,
                     overwrite=args.overwrite, progress=not args.quiet)
+    if summary.get("stale_lock_pid"):
+        print(f"attnlab train: note: {args.out} was last locked by pid {summary['stale_lock_pid']}, a run that was "
+              "killed; its lock was taken over", file=sys.stderr)
     print(json.dumps(summary) if args.json else
           f"trained {summary['params']:,} params to step {summary['final_step']} in {summary['train_s']:.1f} s: "
           f"loss {summary.get('loss', float('nan')):.4f}, held-out loss {summary.get('val_loss', float('nan')):.4f}; "
@@ -115,7 +111,7 @@ def cmd_generate(args) -> int:
     from attnlab.engine.speculative import speculative_generate
     from attnlab.loading import load_any
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             repetition_penalty=args.repetition_penalty, seed=args.seed)
     if args.draft and args.prompt_lookup:
@@ -129,6 +125,7 @@ def cmd_generate(args) -> int:
     speculative = bool(args.draft or args.prompt_lookup)
     if speculative and args.k < 1:
         raise AttnlabError(f"--k {args.k}: a speculative round needs at least 1 draft token")
+    warn_if_emulated("generate", args.dtype)
     # a speculative target mostly runs (k+1)-row verify passes: lay its weights out for that size
     model = set_precision(target.model, args.dtype, rows=args.k + 1 if speculative else 1)
     ids = target.tokenizer.encode(prompt)
@@ -224,7 +221,7 @@ def cmd_demo(args) -> int:
     from attnlab.loading import load_any
     from attnlab.train import train
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     t0 = time.perf_counter()
     tcfg = TrainConfig(steps=args.steps, batch_size=16, seq_len=128, eval_every=max(1, args.steps // 4),
                        save_every=args.steps, seed=args.seed)
@@ -284,7 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-every", type=int)
     g.add_argument("--log-every", type=int)
     g.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
-    g.add_argument("--overwrite", action="store_true", help="start afresh even if --out holds a checkpoint")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace the checkpoint in --out with a new run (without it, or --resume, a folder that "
+                        "holds a checkpoint is refused)")
     g.add_argument("--threads", type=int)
     g.add_argument("--quiet", action="store_true")
     g.add_argument("--json", action="store_true")

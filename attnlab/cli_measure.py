@@ -3,15 +3,21 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from attnlab.errors import AttnlabError
+from attnlab.runtime import EmulatedDtypeWarning, check_dtype, native_bf16, resolve_device, set_threads
 
 
-def _set_threads(n):
-    from attnlab.cli import _set_threads as set_threads
-
-    set_threads(n)
+def warn_if_emulated(command: str, dtype: str, device: str = "cpu") -> None:
+    """An explicitly chosen dtype this machine only emulates still runs, with one line on stderr saying what it
+    costs and what to use instead (runtime.check_dtype)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EmulatedDtypeWarning)  # said below, once, as the CLI's own line
+        message = check_dtype(dtype, device)
+    if message:
+        print(f"attnlab {command}: warning: {message}", file=sys.stderr)
 
 
 def _fmt(n: float, unit: str = "") -> str:
@@ -25,7 +31,7 @@ def cmd_cost(args) -> int:
     from attnlab.cost import Workload, compare, estimate, resolve
     from attnlab.cost import hardware
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     if args.validate:
         from attnlab.cost.validate import validate
 
@@ -45,7 +51,7 @@ def cmd_cost(args) -> int:
     arch = resolve(args.model)
     if args.compare:
         short, long = args.compare
-        res = compare(arch, short, long, args.dtype)
+        res = compare(arch, short, long, args.dtype or "bf16")
         if args.json:
             print(json.dumps(res))
         else:
@@ -55,13 +61,15 @@ def cmd_cost(args) -> int:
                       f"x{v['factor']:,.1f}")
         return 0
     hw = hardware.get(args.hardware, refresh=args.refresh)
-    res = estimate(arch, Workload(args.prompt_tokens, args.output_tokens, args.batch, args.dtype), hw,
+    # bf16 is what GPUs serve in; on this machine it is the default only where the CPU runs it natively
+    dtype = args.dtype or ("bf16" if hw.name != "local" or native_bf16("cpu") else "fp32")
+    res = estimate(arch, Workload(args.prompt_tokens, args.output_tokens, args.batch, dtype), hw,
                    allow_beyond_context=args.allow_beyond_context,
                    memory_budget=args.memory_gb * 1e9 if args.memory_gb else None)
     if args.json:
         print(json.dumps(res))
         return 0
-    print(f"{arch.name} on {hw.name} ({args.dtype}, batch {args.batch}): {res['params']:,} parameters")
+    print(f"{arch.name} on {hw.name} ({dtype}, batch {args.batch}): {res['params']:,} parameters")
     print(f"  {'part':22s} {'prefill':>14s} {'decode/token':>14s}")
     for part in ("qkv_out_projections", "attention", "mlp", "lm_head", "total"):
         print(f"  {part:22s} {_fmt(res['prefill_flops_by_part'][part], 'FLOP'):>14s} "
@@ -87,7 +95,7 @@ def cmd_trace(args) -> int:
     from attnlab.cost.trace import trace
     from attnlab.models import build_model
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     if args.seq_len <= 0:
         raise AttnlabError(f"--seq-len {args.seq_len} must be > 0")
     if args.model is None and args.family is None:
@@ -130,7 +138,9 @@ def cmd_trace(args) -> int:
 def cmd_bench(args) -> int:
     from attnlab.bench import bench_attention, growth_exponent
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
+    device = resolve_device(args.device)
+    warn_if_emulated("bench", args.dtype, device)
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     try:
         lens = [int(x) for x in args.seq_lens.split(",") if x.strip()]
@@ -140,7 +150,7 @@ def cmd_bench(args) -> int:
         f"{r['kernel']:13s} T={r['seq_len']:>6d}  " + (f"{r['time_s'] * 1e3:10.1f} ms  {r['peak_bytes'] / 2**20:9.1f} MiB"
                                                       if r["status"] == "ok" else r["status"]), flush=True))
     rows = bench_attention(kernels, lens, args.heads, args.head_dim, args.repeats, args.budget_gb * 2**30,
-                           args.dtype, args.threads, progress=show)
+                           args.dtype, args.threads, progress=show, device=device)
     if args.json:
         print(json.dumps(rows))
     else:
@@ -154,7 +164,7 @@ def cmd_bench(args) -> int:
 def cmd_report(args) -> int:
     from attnlab.report import load_results, run_report, write_report
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     if args.from_json:
         results = load_results(args.from_json)
     else:
@@ -164,11 +174,7 @@ def cmd_report(args) -> int:
                 only = [int(x) for x in args.only.split(",") if x.strip()]
             except ValueError:
                 raise AttnlabError(f"--only {args.only!r} must be claim numbers, e.g. 1,4,10") from None
-        if args.device == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise AttnlabError("--device cuda but torch sees no CUDA device; use --device cpu")
+        device = resolve_device(args.device)  # no CUDA here: exit 2 now, before any experiment runs
 
         def progress(exp, entry):
             if entry is None:
@@ -176,7 +182,7 @@ def cmd_report(args) -> int:
             else:
                 print(f"     {entry['verdict']}: {entry['figure']} ({entry['elapsed_s']:.1f} s)", file=sys.stderr, flush=True)
 
-        results = run_report(args.scale, only, args.device, progress)
+        results = run_report(args.scale, only, device, progress)
     page = write_report(results, args.out)
     print(f"{len(results['claims'])} claims -> {page} (and results.json)")
     for c in results["claims"]:
@@ -192,7 +198,8 @@ def add_measure_commands(sub) -> None:
     p.add_argument("--prompt-tokens", type=int, default=1024)
     p.add_argument("--output-tokens", type=int, default=256)
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16", "int8"))
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16", "int8"),
+                   help="default bf16; with --hardware local, fp32 where this CPU only emulates bf16")
     p.add_argument("--hardware", default="h100-sxm", choices=list(NAMES) + list(ALIASES))
     p.add_argument("--memory-gb", type=float, help="memory budget for the longest-context figure")
     p.add_argument("--allow-beyond-context", action="store_true")
@@ -224,6 +231,8 @@ def add_measure_commands(sub) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--budget-gb", type=float, default=16.0, help="skip configurations predicted to need more")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: times with the GPU synchronised and peak memory from torch.cuda")
     p.add_argument("--threads", type=int)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)

@@ -5,6 +5,9 @@ moments and step counts, and the RNG states, all as safetensors. A run killed at
 restarted with ``resume=True`` therefore ends with the same weights, bit for bit, as one never
 interrupted (on the same machine, threads and torch version). metrics.jsonl is cut back to the
 checkpoint's step on resume, so the loss curve is the uninterrupted one as well.
+
+A run holds an exclusive lock on its folder from start to end (folder_lock.py), and a folder that holds a
+checkpoint is only continued (``resume``) or, when asked explicitly, replaced (``overwrite``).
 """
 from __future__ import annotations
 
@@ -17,12 +20,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnlab.checkpoint import TRAINER, has_checkpoint, load_trainer_state, load_weights, save_checkpoint
+from attnlab.checkpoint import (CONFIG, MANIFEST, TRAINER, WEIGHTS, has_checkpoint, load_trainer_state, load_weights,
+                                save_checkpoint)
 from attnlab.config import ModelConfig, RunConfig, TrainConfig
 from attnlab.data.synthetic import IGNORE
 from attnlab.data.tasks import make_task
 from attnlab.errors import CheckpointError, ConfigError, TrainingDiverged
+from attnlab.folder_lock import FolderLock
 from attnlab.models import build_model, count_params
+from attnlab.runtime import resolve_device
 
 METRICS = "metrics.jsonl"
 # Changing these on resume cannot change the weights: they only say when to log, evaluate or save.
@@ -193,19 +199,39 @@ def _cut_metrics(path: Path, step: int) -> None:
     tmp.replace(path)
 
 
+def _discard_checkpoint(out: Path) -> None:
+    """--overwrite: remove the old run's files, the manifest first, so that the folder stops being a checkpoint
+    at once and a new run killed before its first save cannot leave the old weights beside its own metrics."""
+    for name in (MANIFEST, CONFIG, WEIGHTS, TRAINER, METRICS, "tokenizer.json"):
+        (out / name).unlink(missing_ok=True)
+
+
 def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
           overwrite: bool = False, progress: bool = True, stop_after: int | None = None) -> dict:
     """Train and checkpoint into ``out_dir``; returns a summary with the final metrics and timings.
 
-    ``stop_after`` ends this call after that step (checkpointing it) without changing the schedule, so a
-    long run can be done in slices with ``resume=True``."""
-    out = Path(out_dir)
+    The folder is locked for the whole call: another run into it is refused with its pid (FolderInUse); a lock
+    left by a killed run is taken over and its pid returned as ``stale_lock_pid``. ``stop_after`` ends this
+    call after that step (checkpointing it) without changing the schedule, so a long run can be done in slices
+    with ``resume=True``."""
+    with FolderLock(out_dir) as lock:
+        summary = _train_locked(model_cfg, train_cfg, Path(out_dir), resume, overwrite, progress, stop_after)
+    if lock.stale_pid is not None:
+        summary["stale_lock_pid"] = lock.stale_pid
+    return summary
+
+
+def _train_locked(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, overwrite: bool,
+                  progress: bool, stop_after: int | None) -> dict:
+    if resume and overwrite:
+        raise ConfigError("--resume continues the checkpoint in --out and --overwrite replaces it: choose one")
     if has_checkpoint(out) and not (resume or overwrite):
-        raise CheckpointError(f"{out} already holds a checkpoint; pass --resume to continue it, or choose "
-                              "another --out (nothing was overwritten)")
-    device = torch.device(train_cfg.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' but torch sees no CUDA device; use --device cpu")
+        raise CheckpointError(f"{out} already holds a checkpoint; pass --resume to continue it, --overwrite to "
+                              "replace it, or choose another --out (nothing was overwritten)")
+    if resume and has_checkpoint(out) and not (out / TRAINER).exists():
+        raise CheckpointError(f"{out} holds a checkpoint without {TRAINER}, so it cannot be resumed; pass "
+                              "--overwrite to replace it, or choose another --out (nothing was overwritten)")
+    device = resolve_device(train_cfg.device)
     torch.manual_seed(train_cfg.seed)
     task = make_task(train_cfg, out, resume=resume)
     model_cfg = dataclasses.replace(model_cfg, vocab_size=task.vocab_size)
@@ -219,7 +245,7 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, r
                         extra={"data": task.info, "torch": torch.__version__, "params": count_params(model)})
     start = 0
     metrics_path = out / METRICS
-    if resume and has_checkpoint(out) and (out / TRAINER).exists():
+    if resume and has_checkpoint(out):
         from attnlab.checkpoint import verify
         from safetensors.torch import load_file
 
@@ -232,7 +258,8 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, r
         _restore_trainer(model, optimizer, tensors)
         _cut_metrics(metrics_path, start)
     else:
-        out.mkdir(parents=True, exist_ok=True)
+        if overwrite:
+            _discard_checkpoint(out)
         metrics_path.unlink(missing_ok=True)
     if task.tokenizer is not None:
         task.tokenizer.save(out)

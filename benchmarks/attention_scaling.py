@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from attnlab.bench import bench_attention, growth_exponent
-from common import context, matmul_peak_flops, write_json
+from attnlab.cli_measure import warn_if_emulated
+from common import context, matmul_peak_flops, set_threads, write_json
 
 KERNELS = ["naive", "sdpa", "flash", "sliding", "block_sparse", "linear", "ssm"]
 
@@ -25,10 +24,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--budget-gb", type=float, default=16)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--out", default="benchmarks/results/attention_scaling.json")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
+    warn_if_emulated("attention_scaling", args.dtype)
     lens = [int(x) for x in args.seq_lens.split(",")]
     kernels = args.kernels.split(",")
     peak = matmul_peak_flops()

@@ -1,4 +1,6 @@
-"""Shared measuring helpers for benchmarks (see ../shared/MEASURING.md): context, calibration, medians."""
+"""Shared measuring helpers for benchmarks (see ../shared/MEASURING.md): context, calibration, medians.
+
+Threads, denormals, the device and the machine context come from attnlab.runtime, as everywhere else."""
 from __future__ import annotations
 
 import json
@@ -8,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from attnlab.report_context import cpu_name, machine_context
+from attnlab.runtime import cpu_name, machine_context, set_threads
 
-__all__ = ["context", "cpu_name", "matmul_peak_flops", "memory_bandwidth", "summarize", "write_json"]
+__all__ = ["context", "cpu_name", "matmul_peak_flops", "memory_bandwidth", "set_threads", "summarize", "write_json"]
 
 
 def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
@@ -37,8 +39,9 @@ def memory_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
     return best
 
 
-def context(seed: int = 0, dtype: str = "fp32") -> dict:
-    return machine_context(seed, dtype)
+def context(seed: int = 0, dtype: str = "fp32", device: str = "cpu") -> dict:
+    """CPU model and capability, bf16 support, AMX, GPU, device, threads, torch version, seed, command, date."""
+    return machine_context(seed, dtype, device)
 
 
 def summarize(values: list[float]) -> dict:

@@ -21,9 +21,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
 from attnlab.config import ModelConfig, TrainConfig
+from attnlab.runtime import set_threads
 from attnlab.train import train
 
 TARGET = ModelConfig(vocab_size=256, dim=384, n_layers=6, n_heads=6, hidden_dim=1536, max_seq_len=1024)
@@ -52,7 +51,7 @@ def main() -> None:
     ap.add_argument("--cache", default="benchmarks/cache")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     cache = Path(args.cache)
     target, samples, draft = cache / "spec-target", cache / "spec-samples", cache / "spec-draft"
     if not (target / "manifest.json").exists():

@@ -15,7 +15,7 @@ import torch
 from attnlab.config import TrainConfig, preset
 from attnlab.models import build_model, count_params
 from attnlab.train import lm_loss, make_optimizer
-from common import context, matmul_peak_flops, summarize, write_json
+from common import context, matmul_peak_flops, set_threads, summarize, write_json
 
 MODELS = {"default": preset("default"), "transformer-10m": preset("small-10m"),
           "lstm-10m": preset("lstm-10m"), "lstm-10m-fused": preset("lstm-10m", fused=True)}
@@ -38,8 +38,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)
+    set_threads(args.threads)
     torch.manual_seed(0)
     peak_before = matmul_peak_flops()
     setups = {}

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 
 def run(*args, stdin=None):
@@ -63,6 +64,17 @@ def test_invalid_usage_exits_2_with_one_line(args, needle):
     assert r.returncode == 2
     assert needle in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("args", [["train", "--preset", "tiny", "--steps", "1"], ["bench", "attention"],
+                                  ["report", "--only", "4"]])
+def test_device_cuda_without_a_gpu_exits_2(tmp_path, args):
+    r = run(*args, "--device", "cuda", "--out", str(tmp_path / "out")) if args[0] != "bench" else \
+        run(*args, "--device", "cuda")
+    assert r.returncode == 2 and "--device cuda: torch sees no CUDA device" in r.stderr, r.stderr
+    assert "use --device cpu" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
 def test_empty_prompt_and_empty_corpus(trained, tmp_path):

@@ -1,5 +1,7 @@
 """The cost model: exact parameters, FLOPs equal to what PyTorch counts, KV bytes equal to the real cache."""
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -140,6 +142,23 @@ def test_bad_names_list_the_valid_ones(tmp_path):
     with pytest.raises(ConfigError, match="exceeds its context of 1024; pass --allow-beyond-context"):
         estimate(resolve("gpt2"), Workload(1000, 100), hardware.get("h100"))
     assert estimate(resolve("gpt2"), Workload(1000, 100), hardware.get("h100"), allow_beyond_context=True)["ttft_s"] > 0
+
+
+def test_the_last_output_token_needs_no_context_position():
+    """A model with an 8,192-token context reads 8,192 prompt tokens and emits one more: the last output token
+    is never fed back, so the check is prompt + output - 1 <= context (8192 + 1 fits, 8192 + 2 does not)."""
+    llama = resolve("llama-3-8b")
+    assert llama.max_seq_len == 8192
+    assert estimate(llama, Workload(8192, 1), hardware.get("h100"))["ttft_s"] > 0
+    assert estimate(llama, Workload(8000, 193), hardware.get("h100"))["output_tokens"] == 193
+    for prompt, output in ((8192, 2), (8000, 194)):
+        with pytest.raises(ConfigError, match="read 8193 positions .*exceeds its context of 8192"):
+            estimate(llama, Workload(prompt, output), hardware.get("h100"))
+    cli = [sys.executable, "-m", "attnlab", "cost", "llama-3-8b", "--prompt-tokens", "8192", "--json"]
+    ok = subprocess.run(cli + ["--output-tokens", "1"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["prompt_tokens"] == 8192, ok.stderr
+    refused = subprocess.run(cli + ["--output-tokens", "2"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "exceeds its context of 8192" in refused.stderr
 
 
 def test_local_hardware_is_measured_and_cached(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from attnlab.experiments import registry
 from attnlab.experiments.base import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, fit_exponent, verdict
@@ -28,6 +29,7 @@ def test_verdict_and_fit_helpers():
 def test_verdicts_come_from_the_data():
     res = run_report("quick", only=[4])
     c = res["claims"][0]
+    assert c["device"] == "cpu" and res["device"] == "cpu" and res["context"]["device"] == "cpu"
     assert c["verdict"] == SUPPORTED
     dev = c["data"]["max_deviation"]
     assert dev["none"] < 1e-4 < dev["rope"]  # the verdict above follows from these numbers
@@ -52,6 +54,11 @@ def test_quick_report_in_headless_chromium(tmp_path):
     assert [c["id"] for c in results["claims"]] == [1, 4, 6, 10]
     for c in results["claims"]:
         assert c["verdict"] in (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE) and c["figure"] and c["plots"]
+    # the device each experiment actually ran on: claim 1 traces shapes on the meta device, the rest ran here
+    assert {c["id"]: c["device"] for c in results["claims"]} == {1: "meta", 4: "cpu", 6: "cpu", 10: "cpu"}
+    ctx = results["context"]
+    for key in ("cpu", "cpu_capability", "onednn_bf16", "native_bf16", "amx", "threads", "device", "torch"):
+        assert key in ctx, key
     again = subprocess.run([sys.executable, "-m", "attnlab", "report", "--from", str(out / "results.json"),
                             "--out", str(tmp_path / "again")], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
@@ -79,6 +86,16 @@ def test_quick_report_in_headless_chromium(tmp_path):
     assert shot.exists() and shot.stat().st_size > 10_000
     html = (out / "index.html").read_text()
     assert not any(f'{attr}="http' in html for attr in ("src", "href"))  # self-contained: nothing fetched
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_report_on_cuda_without_a_gpu_exits_2_before_running_anything(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "attnlab", "report", "--device", "cuda", "--only", "4", "--out",
+                        str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    assert r.stderr.startswith("attnlab report: error: --device cuda: torch sees no CUDA device")
+    assert "use --device cpu" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
 
 
 def test_bad_results_file(tmp_path):

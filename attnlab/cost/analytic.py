@@ -251,9 +251,12 @@ def depth(a: Arch, T: int, scan: str = "sequential") -> dict:
 def estimate(a: Arch, w: Workload, hw, allow_beyond_context: bool = False, memory_budget: float | None = None) -> dict:
     """Everything for one (architecture, workload, hardware): the fields of `attnlab cost --json`."""
     total = w.prompt_tokens + w.output_tokens
-    if total > a.max_seq_len and not allow_beyond_context:
-        raise ConfigError(f"{a.name}: {w.prompt_tokens} prompt + {w.output_tokens} output tokens = {total} exceeds "
-                          f"its context of {a.max_seq_len}; pass --allow-beyond-context to compute anyway")
+    # The last output token is emitted, never fed back: the model reads prompt + output - 1 positions.
+    read = total - 1
+    if read > a.max_seq_len and not allow_beyond_context:
+        raise ConfigError(f"{a.name}: {w.prompt_tokens} prompt + {w.output_tokens} output tokens read {read} positions "
+                          f"(the last output token is never fed back), which exceeds its context of "
+                          f"{a.max_seq_len}; pass --allow-beyond-context to compute anyway")
     pre = forward_flops(a, w.prompt_tokens, 0, w.batch, head_rows=1)
     pre_b = forward_bytes(a, w.prompt_tokens, 0, w.batch, w.dtype, head_rows=1)
     mid = w.prompt_tokens + w.output_tokens // 2  # the average context a decode step sees

@@ -99,7 +99,7 @@ def calibrate(seconds_budget: float = 3.0) -> Hardware:
     """Measure this machine now: best-of matmul FLOP/s (fp32, bf16), sum bandwidth, per-op overhead."""
     import torch
 
-    from attnlab.report_context import cpu_name
+    from attnlab.runtime import cpu_name
 
     def best_matmul(dtype, n=1024, reps=5, min_s=0.25, rows=None):
         """Best of at least `reps` runs and `min_s` seconds of (rows x n) @ (n x 4n) (square n x n when rows
@@ -251,7 +251,7 @@ SAMPLING_OPS = 4  # greedy sampling per step: argmax, gather, logsumexp, sub (co
 def local(refresh: bool = False) -> Hardware:
     import torch
 
-    from attnlab.report_context import cpu_name
+    from attnlab.runtime import cpu_name
 
     # CALIBRATION_VERSION: a cache written by an older calibration (fewer measured fields) is measured again
     key = f"{cpu_name()}|{torch.get_num_threads()}|{torch.__version__}|v{CALIBRATION_VERSION}"

@@ -69,9 +69,10 @@ def _measure(cfg: ModelConfig, prompt: int, new_tokens: int, repeats: int) -> di
 
 
 def _child() -> None:
+    from attnlab.runtime import set_threads
+
     cfg, prompt, new_tokens, repeats, threads = json.loads(sys.argv[1])
-    torch.set_num_threads(threads)
-    torch.set_flush_denormal(True)
+    set_threads(threads)
     print(json.dumps(_measure(ModelConfig.from_dict(cfg), prompt, new_tokens, repeats)))
 
 

@@ -41,6 +41,7 @@ class Outcome:
     plots: list[Plot] = field(default_factory=list)
     table: list[dict] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)
+    device: str | None = None  # where it ran, when not the device it was given (e01 traces on "meta")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -76,15 +77,20 @@ def fit_exponent(xs, ys) -> float | None:
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
 
 
-def median_time(fn, repeats: int = 3, warmup: int = 1) -> float:
+def median_time(fn, repeats: int = 3, warmup: int = 1, *, device) -> float:
+    """Median wall time of ``fn()``; on a GPU each call is synchronised, so the time is the work's, not the launch's."""
     import statistics
     import time
 
+    from attnlab.runtime import synchronize
+
     for _ in range(warmup):
         fn()
+    synchronize(device)
     ts = []
     for _ in range(repeats):
         t = time.perf_counter()
         fn()
+        synchronize(device)
         ts.append(time.perf_counter() - t)
     return statistics.median(ts)

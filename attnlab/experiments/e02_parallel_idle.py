@@ -8,6 +8,7 @@ from attnlab.cost.analytic import forward_flops
 from attnlab.cost.arch import from_model_config
 from attnlab.experiments.base import Outcome, Plot, Series, verdict
 from attnlab.models import build_model, count_params
+from attnlab.runtime import synchronize
 from attnlab.train import lm_loss, make_optimizer
 
 TITLE = "Parallel hardware idles on a chain"
@@ -18,14 +19,16 @@ PREDICTION = ("Training FLOP/s as a share of this machine's measured matmul peak
 THRESHOLD = "Supported if the transformer's utilisation exceeds the looped LSTM's at every measured length."
 
 
-def _peak() -> float:
-    """Best fp32 matmul FLOP/s over half a second of 2048^3 products, measured in this run."""
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+def _peak(device) -> float:
+    """Best fp32 matmul FLOP/s over half a second of 2048^3 products on ``device``, measured in this run."""
+    a, b = torch.randn(2048, 2048, device=device), torch.randn(2048, 2048, device=device)
     a @ b
+    synchronize(device)
     best, start = 0.0, time.perf_counter()
     while time.perf_counter() - start < 0.5:
         t = time.perf_counter()
         a @ b
+        synchronize(device)
         best = max(best, 2 * 2048 ** 3 / (time.perf_counter() - t))
     return best
 
@@ -39,6 +42,7 @@ def _step_s(model, x, steps):
         opt.zero_grad()
         loss.backward()
         opt.step()
+        synchronize(x.device)
         if i:
             times.append(time.perf_counter() - t)
     return sorted(times)[len(times) // 2]
@@ -50,20 +54,20 @@ def run(scale: str, device: str) -> Outcome:
     cfgs = {"transformer": ModelConfig(dim=256, n_layers=4, n_heads=4),
             "lstm (loop)": ModelConfig(family="lstm", dim=360, n_layers=2),
             "lstm (fused)": ModelConfig(family="lstm", dim=360, n_layers=2, fused=True)}
-    peak = _peak()
+    peak = _peak(device)
     rows, achieved, tps = [], {k: [] for k in cfgs}, {k: [] for k in cfgs}
     for T in lens:
         for name, cfg in cfgs.items():
             torch.manual_seed(0)
-            model = build_model(cfg)
-            x = torch.randint(0, 256, (batch, T))
+            model = build_model(cfg, device)
+            x = torch.randint(0, 256, (batch, T)).to(device)
             s = _step_s(model, x, steps)
             flops = 3 * forward_flops(from_model_config(cfg), T, batch=batch)["total"]
             achieved[name].append(flops / s)
             tps[name].append(batch * T / s)
             rows.append({"model": name, "params": count_params(model), "n": T, "step_s": s, "tok_per_s": batch * T / s,
                          "achieved_flops": flops / s})
-    peak = max(peak, _peak())  # measured before and after the runs: the better of the two is the peak
+    peak = max(peak, _peak(device))  # measured before and after the runs: the better of the two is the peak
     util = {k: [f / peak for f in v] for k, v in achieved.items()}
     for r in rows:
         r["share_of_peak"] = r["achieved_flops"] / peak

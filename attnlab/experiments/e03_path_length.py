@@ -22,10 +22,10 @@ FAMILIES = {"transformer": {}, "lstm": dict(family="lstm"), "gru": dict(family="
             "ssm": dict(family="ssm", pos="none"), "linear": dict(family="linear", pos="none")}
 
 
-def _grad_profile(kw, T, dists):
+def _grad_profile(kw, T, dists, device):
     torch.manual_seed(0)
-    model = build_model(ModelConfig(dim=64, n_layers=2, n_heads=4, max_seq_len=T, **kw))
-    x = torch.randint(0, 256, (4, T))
+    model = build_model(ModelConfig(dim=64, n_layers=2, n_heads=4, max_seq_len=T, **kw), device)
+    x = torch.randint(0, 256, (4, T)).to(device)  # drawn on the CPU: the same inputs on every device
     emb = model.tok_emb(x).detach().requires_grad_(True)
     captured = {}
     hook = model.tok_emb.register_forward_hook(lambda m, i, o: emb)  # feed our leaf tensor as the embedding
@@ -38,13 +38,19 @@ def _grad_profile(kw, T, dists):
     return captured
 
 
-def _mqar(kw, steps, seq_len, pairs, vocab, dim):
+def _mqar(kw, steps, seq_len, pairs, vocab, dim, device):
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=vocab, dim=dim, n_layers=2, n_heads=1 if not kw else 4, max_seq_len=seq_len, **kw)
     tc = TrainConfig(lr=3e-3, steps=steps, warmup_steps=steps // 10, weight_decay=0.0)
     g = torch.Generator().manual_seed(1)
-    model = train_in_memory(build_model(cfg), lambda step: mqar_batch(32, seq_len, vocab, pairs, g), tc)
-    x, y, dist = mqar_batch(256, seq_len, vocab, pairs, torch.Generator().manual_seed(99), return_distance=True)
+
+    def batch(step):  # drawn on the CPU (the same data on every device), then moved
+        x, y = mqar_batch(32, seq_len, vocab, pairs, g)
+        return x.to(device), y.to(device)
+
+    model = train_in_memory(build_model(cfg, device), batch, tc)
+    x, y, dist = (t.to(device) for t in mqar_batch(256, seq_len, vocab, pairs, torch.Generator().manual_seed(99),
+                                                   return_distance=True))
     with torch.no_grad():
         pred = model(x)[0].argmax(-1)
     mask = y != IGNORE
@@ -58,10 +64,10 @@ def _mqar(kw, steps, seq_len, pairs, vocab, dim):
 def run(scale: str, device: str) -> Outcome:
     T = 64 if scale == "quick" else 256
     dists = [d for d in (1, 2, 4, 8, 16, 32, 63, 128, 255) if d < T]
-    grads = {name: _grad_profile(kw, T, dists) for name, kw in FAMILIES.items()}
+    grads = {name: _grad_profile(kw, T, dists, device) for name, kw in FAMILIES.items()}
     ratio = {name: g[-1] / max(g[0], 1e-30) for name, g in grads.items()}
     steps, seq_len, pairs, vocab, dim = (200, 32, 4, 32, 64) if scale == "quick" else (1500, 64, 8, 64, 64)
-    mq = {name: _mqar(kw, steps, seq_len, pairs, vocab, dim) for name, kw in FAMILIES.items()}
+    mq = {name: _mqar(kw, steps, seq_len, pairs, vocab, dim, device) for name, kw in FAMILIES.items()}
     grad_ok = all(ratio["transformer"] >= 10 * ratio[f] for f in ("rnn", "lstm", "gru"))
     recall_ok = all(mq["transformer"][0] >= mq[f][0] for f in mq)
     if max(a[0] for a in mq.values()) < 0.5:

@@ -20,9 +20,9 @@ def run(scale: str, device: str) -> Outcome:
         for seed in range(trials):
             torch.manual_seed(seed)
             model = build_model(ModelConfig(dim=64, n_layers=2, n_heads=4, pos=pos, causal=False, init_std=0.3,
-                                            max_seq_len=64)).eval()
-            x = torch.randint(0, 256, (1, 32))
-            perm = torch.randperm(32)
+                                            max_seq_len=64), device).eval()
+            x = torch.randint(0, 256, (1, 32)).to(device)
+            perm = torch.randperm(32).to(device)
             with torch.no_grad():
                 worst = max(worst, float((model(x[:, perm])[0] - model(x)[0][:, perm]).abs().max()))
         dev[pos] = worst

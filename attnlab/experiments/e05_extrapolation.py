@@ -21,16 +21,16 @@ THRESHOLD = "The claim is supported if rope's perplexity ratio (4L vs L) is lowe
 ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi")
 
 
-def _train(pos, task, cfg_t, L):
+def _train(pos, task, cfg_t, L, device):
     torch.manual_seed(0)
-    return train_in_memory(build_model(ModelConfig(dim=96, n_layers=3, n_heads=4, pos=pos, max_seq_len=L)),
-                           task.batch, cfg_t)
+    return train_in_memory(build_model(ModelConfig(dim=96, n_layers=3, n_heads=4, pos=pos, max_seq_len=L), device),
+                           lambda step: tuple(t.to(device) for t in task.batch(step)), cfg_t)
 
 
-def _scaled(model, kind, factor):
+def _scaled(model, kind, factor, device):
     m = copy.deepcopy(model)
     m.cfg = copy.copy(m.cfg)
-    m.pos_enc = Rope(m.cfg.head_dim, m.cfg.rope_theta, {"type": kind, "factor": factor})
+    m.pos_enc = Rope(m.cfg.head_dim, m.cfg.rope_theta, {"type": kind, "factor": factor}).to(device)
     return m
 
 
@@ -42,13 +42,13 @@ def run(scale: str, device: str) -> Outcome:
     mults = [1, 2, 4, 8]
     evals = {m: task.eval_batches(L * m) for m in mults}
     ppl = {}
-    models = {pos: _train(pos, task, cfg_t, L) for pos in ENCODINGS}
+    models = {pos: _train(pos, task, cfg_t, L, device) for pos in ENCODINGS}
     for pos, model in models.items():
-        ppl[pos] = [math.exp(evaluate(model, evals[m], "cpu")["val_loss"]) if (pos != "learned" or m == 1) else None
+        ppl[pos] = [math.exp(evaluate(model, evals[m], device)["val_loss"]) if (pos != "learned" or m == 1) else None
                     for m in mults]
     for kind in ("linear", "ntk"):
-        ppl[f"rope+{kind}"] = [math.exp(evaluate(_scaled(models["rope"], kind, m) if m > 1 else models["rope"],
-                                                 evals[m], "cpu")["val_loss"]) for m in mults]
+        ppl[f"rope+{kind}"] = [math.exp(evaluate(_scaled(models["rope"], kind, m, device) if m > 1 else models["rope"],
+                                                 evals[m], device)["val_loss"]) for m in mults]
     ratio = {k: v[2] / v[0] for k, v in ppl.items() if v[2] is not None}
     ok = ratio["rope"] < ratio["sinusoidal"]
     rows = [{"encoding": k, **{f"ppl_{m}L": v[i] for i, m in enumerate(mults)}} for k, v in ppl.items()]

@@ -19,10 +19,10 @@ def run(scale: str, device: str) -> Outcome:
     times = {k: [] for k in ("naive", "sdpa", "flash")}
     rows = []
     for T in lens:
-        q, k, v = (torch.randn(1, H, T, D) for _ in range(3))
+        q, k, v = (torch.randn(1, H, T, D).to(device) for _ in range(3))
         for name in times:
             t = median_time(lambda: KERNELS[name](q, k, v, q_offset=0, causal=True, alibi_slopes=None,
-                                                  scale=D ** -0.5), repeats=2)
+                                                  scale=D ** -0.5), repeats=2, device=device)
             times[name].append(t)
             rows.append({"kernel": name, "n": T, "time_s": t, "naive_score_bytes": H * T * T * 4})
     tail = slice(len(lens) // 2 - 1 if len(lens) > 3 else 0, None)

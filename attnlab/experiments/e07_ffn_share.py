@@ -16,16 +16,16 @@ THRESHOLD = "Supported if the MLP takes longer than the attention core at every 
 def run(scale: str, device: str) -> Outcome:
     d, H = 768, 12
     lens = [256, 512, 1024, 2048] if scale == "quick" else [256, 512, 1024, 2048, 4096, 8192]
-    w1, w2 = torch.randn(4 * d, d) * 0.02, torch.randn(d, 4 * d) * 0.02
-    wqkv, wo = torch.randn(3 * d, d) * 0.02, torch.randn(d, d) * 0.02
+    w1, w2 = (torch.randn(4 * d, d) * 0.02).to(device), (torch.randn(d, 4 * d) * 0.02).to(device)
+    wqkv, wo = (torch.randn(3 * d, d) * 0.02).to(device), (torch.randn(d, d) * 0.02).to(device)
     rows, mlp_t, core_t, proj_t = [], [], [], []
     with torch.inference_mode():
         for T in lens:
-            x = torch.randn(1, T, d)
-            q, k, v = (torch.randn(1, H, T, d // H) for _ in range(3))
-            m = median_time(lambda: F.linear(F.gelu(F.linear(x, w1), approximate="tanh"), w2), repeats=3)
-            c = median_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), repeats=3)
-            p = median_time(lambda: F.linear(F.linear(x, wqkv)[..., :d], wo), repeats=3)
+            x = torch.randn(1, T, d).to(device)
+            q, k, v = (torch.randn(1, H, T, d // H).to(device) for _ in range(3))
+            m = median_time(lambda: F.linear(F.gelu(F.linear(x, w1), approximate="tanh"), w2), 3, device=device)
+            c = median_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), 3, device=device)
+            p = median_time(lambda: F.linear(F.linear(x, wqkv)[..., :d], wo), 3, device=device)
             mlp_t.append(m)
             core_t.append(c)
             proj_t.append(p)

@@ -17,38 +17,39 @@ THRESHOLD = ("Supported if every remedy's time exponent is below exact attention
              "is >= every remedy's; inconclusive if no model reaches 50% MQAR accuracy (too little training).")
 
 
-def _times(lens, H=4, D=64):
+def _times(lens, device, H=4, D=64):
     out = {k: [] for k in ("sdpa", "flash", "sliding", "block_sparse", "linear", "ssm")}
+    timed = lambda fn: median_time(fn, 2, device=device)
     for T in lens:
-        q, k, v = (torch.randn(1, H, T, D) for _ in range(3))
+        q, k, v = (torch.randn(1, H, T, D).to(device) for _ in range(3))
         kw = dict(q_offset=0, causal=True, alibi_slopes=None, scale=D ** -0.5)
         with torch.inference_mode():
-            out["sdpa"].append(median_time(lambda: KERNELS["sdpa"](q, k, v, **kw), 2))
-            out["flash"].append(median_time(lambda: KERNELS["flash"](q, k, v, **kw), 2))
-            out["sliding"].append(median_time(lambda: KERNELS["sliding"](q, k, v, window=256, **kw), 2))
-            out["block_sparse"].append(median_time(lambda: KERNELS["block_sparse"](q, k, v, block_size=default_block(T), **kw), 2))
+            out["sdpa"].append(timed(lambda: KERNELS["sdpa"](q, k, v, **kw)))
+            out["flash"].append(timed(lambda: KERNELS["flash"](q, k, v, **kw)))
+            out["sliding"].append(timed(lambda: KERNELS["sliding"](q, k, v, window=256, **kw)))
+            out["block_sparse"].append(timed(lambda: KERNELS["block_sparse"](q, k, v, block_size=default_block(T), **kw)))
             fq, fk = phi(q), phi(k)
-            out["linear"].append(median_time(lambda: linear_parallel(fq, fk, v, torch.zeros(1, H, D, D),
-                                                                     torch.zeros(1, H, D), 64), 2))
+            out["linear"].append(timed(lambda: linear_parallel(fq, fk, v, torch.zeros(1, H, D, D, device=device),
+                                                               torch.zeros(1, H, D, device=device), 64)))
             E, N = H * D, 16
             u = q.transpose(1, 2).reshape(1, T, E)
             dl = torch.nn.functional.softplus(k.transpose(1, 2).reshape(1, T, E))
-            B_, C_ = torch.randn(1, T, N), torch.randn(1, T, N)
-            A = -torch.arange(1, N + 1).float().repeat(E, 1)
-            out["ssm"].append(median_time(lambda: selective_scan(u, dl, A, B_, C_, torch.ones(E), torch.zeros(1, E, N),
-                                                                 chunk=256), 2))
+            B_, C_ = torch.randn(1, T, N).to(device), torch.randn(1, T, N).to(device)
+            A = -torch.arange(1, N + 1, device=device).float().repeat(E, 1)
+            out["ssm"].append(timed(lambda: selective_scan(u, dl, A, B_, C_, torch.ones(E, device=device),
+                                                           torch.zeros(1, E, N, device=device), chunk=256)))
     return out
 
 
 def run(scale: str, device: str) -> Outcome:
     lens = [512, 1024, 2048] if scale == "quick" else [1024, 2048, 4096, 8192, 16384]
-    times = _times(lens)
+    times = _times(lens, device)
     exps = {k: fit_exponent(lens, v) for k, v in times.items()}
     models = {"exact (sdpa)": dict(kernel="sdpa"), "sliding (w=8)": dict(kernel="sliding", window=8),
               "block_sparse": dict(kernel="block_sparse", block_size=6), "linear": dict(family="linear", pos="none"),
               "ssm": dict(family="ssm", pos="none")}
     steps = 200 if scale == "quick" else 1500
-    acc = {name: _mqar(kw, steps, 32, 4, 32, 64)[0] for name, kw in models.items()}
+    acc = {name: _mqar(kw, steps, 32, 4, 32, 64, device)[0] for name, kw in models.items()}
     faster = all(exps[k] < exps["sdpa"] for k in ("sliding", "block_sparse", "linear", "ssm"))
     recall = all(acc["exact (sdpa)"] >= a for a in acc.values())
     ok = (faster and recall) if max(acc.values()) >= 0.5 or not faster else None

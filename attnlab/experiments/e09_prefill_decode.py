@@ -17,7 +17,7 @@ THRESHOLD = "Supported if prefill tokens/s >= 5x decode tokens/s at the longest 
 def run(scale: str, device: str) -> Outcome:
     torch.manual_seed(0)
     cfg = preset("small-10m", max_seq_len=2048)
-    model = set_precision(build_model(cfg), "fp32")
+    model = set_precision(build_model(cfg, device), "fp32")
     lens = [64, 128, 256, 512] if scale == "quick" else [64, 128, 256, 512, 1024, 1536]
     new = 32 if scale == "quick" else 128
     rows, ttft, pre_tps, dec_tps, last = [], [], [], [], None

@@ -20,8 +20,8 @@ THRESHOLD = "Supported if the speedup grows with context, is >= 3x at the longes
 def run(scale: str, device: str) -> Outcome:
     torch.manual_seed(0)
     cfg = preset("small-10m", max_seq_len=2048)
-    model = set_precision(build_model(cfg), "fp32")
-    lstm = build_model(preset("lstm-10m")).eval()
+    model = set_precision(build_model(cfg, device), "fp32")
+    lstm = build_model(preset("lstm-10m"), device).eval()
     lens = [64, 128, 256, 512] if scale == "quick" else [128, 256, 512, 1024, 1536]
     rows, speed, kv_bytes, rnn_bytes, formula = [], [], [], [], []
     per_tok = kv_bytes_per_token(from_model_config(cfg), "fp32")

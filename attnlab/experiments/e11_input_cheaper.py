@@ -19,7 +19,7 @@ THRESHOLD = "Supported if the measured output/input ratio is >= 3 here and the m
 def run(scale: str, device: str) -> Outcome:
     torch.manual_seed(0)
     cfg = preset("small-10m")
-    model = set_precision(build_model(cfg), "fp32")
+    model = set_precision(build_model(cfg, device), "fp32")
     ids = torch.randint(0, 256, (512,)).tolist()
     generate(model, ids, 2)
     st = generate(model, ids, 32 if scale == "quick" else 128).stats
@@ -30,7 +30,7 @@ def run(scale: str, device: str) -> Outcome:
         gpus[hw] = e["output_over_input_cost"]
     ok = here >= 3 and min(gpus.values()) >= 10
     names = list(gpus)
-    rows = [{"where": "this machine (measured, 10M model, fp32)", "input_s_per_token": st.ttft_s / len(ids),
+    rows = [{"where": f"this machine's {device} (measured, 10M model, fp32)", "input_s_per_token": st.ttft_s / len(ids),
              "output_s_per_token": st.tpot_s, "ratio": here}]
     rows += [{"where": f"{h} (modelled, llama-3-8b bf16)", "ratio": gpus[h]} for h in names]
     return Outcome(verdict(ok), f"output/input cost: {here:.0f}x here, {min(gpus.values()):.0f}-{max(gpus.values()):.0f}x "

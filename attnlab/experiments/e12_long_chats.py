@@ -32,7 +32,7 @@ def _chat(model, turns, user, reply, reuse):
 
 def run(scale: str, device: str) -> Outcome:
     torch.manual_seed(0)
-    model = set_precision(build_model(preset("small-10m", max_seq_len=2048)), "fp32")
+    model = set_precision(build_model(preset("small-10m", max_seq_len=2048), device), "fp32")
     turns, user, reply = (8, 48, 16) if scale == "quick" else (20, 48, 24)
     resend, reuse = _chat(model, turns, user, reply, False), _chat(model, turns, user, reply, True)
     ks = [r[0] for r in resend]

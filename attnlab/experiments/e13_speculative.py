@@ -20,16 +20,18 @@ PREDICTION = ("Greedy output is identical at every k; acceptance falls as k grow
 THRESHOLD = "Supported if outputs are identical at every k and the best speedup is >= 1.2; not supported if outputs differ or no k reaches 1.0."
 
 
-def _train(cfg, task, tc, teacher=None, batch=None):
+def _train(cfg, task, tc, device, teacher=None, batch=None):
     torch.manual_seed(0)
-    return train_in_memory(build_model(cfg), batch or task.batch, tc, teacher=teacher)
+    batch = batch or task.batch
+    return train_in_memory(build_model(cfg, device), lambda step: tuple(t.to(device) for t in batch(step)), tc,
+                           teacher=teacher)
 
 
 def run(scale: str, device: str) -> Outcome:
     steps = 150 if scale == "quick" else 1500
     tc = TrainConfig(seq_len=96, batch_size=16, steps=steps, warmup_steps=steps // 10, corpus_max_bytes=3_000_000)
     task = make_task(tc)
-    trained = _train(ModelConfig(dim=192, n_layers=6, n_heads=4), task, tc)
+    trained = _train(ModelConfig(dim=192, n_layers=6, n_heads=4), task, tc, device)
     target = set_precision(copy.deepcopy(trained), "fp32")
     new = 64 if scale == "quick" else 200
     prompt_len = 128
@@ -43,7 +45,7 @@ def run(scale: str, device: str) -> Outcome:
         return samples[idx, :-1], samples[idx, 1:]
 
     draft = set_precision(_train(ModelConfig(dim=64, n_layers=1, n_heads=2, max_seq_len=prompt_len + new + 16), task,
-                                 tc, teacher=trained, batch=sample_batch), "fp32")
+                                 tc, device, teacher=trained, batch=sample_batch), "fp32")
     prompts = [task.val_ids[s:s + prompt_len].tolist() for s in (2000, 9000, 16000)]
     base = [generate(target, p, new).tokens for p in prompts]
     ks = [1, 2, 4, 6]

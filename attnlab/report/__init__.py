@@ -7,14 +7,13 @@ from pathlib import Path
 
 from attnlab.errors import AttnlabError
 
-TEMPLATE = Path(__file__).with_name("template.html")
+TEMPLATE = Path(__file__).with_name("template.html")  # package data: pyproject.toml ships it in the wheel
 
 
 def run_report(scale: str = "quick", only: list[int] | None = None, device: str = "cpu", progress=None) -> dict:
-    import torch
-
+    """Run the chosen claims' experiments on ``device``; each claim's entry records the device it ran on."""
     from attnlab.experiments import registry
-    from attnlab.report_context import machine_context
+    from attnlab.runtime import machine_context, resolve_device, set_threads
 
     exps = registry()
     if only:
@@ -22,7 +21,8 @@ def run_report(scale: str = "quick", only: list[int] | None = None, device: str 
         if missing:
             raise AttnlabError(f"--only {missing}: no such claim; claims are {', '.join(map(str, sorted(exps)))}")
     chosen = [exps[i] for i in sorted(exps) if not only or i in only]
-    torch.set_flush_denormal(True)
+    device = str(resolve_device(device))
+    set_threads()  # keeps the thread count, flushes denormals
     t0 = time.perf_counter()
     claims = []
     for exp in chosen:
@@ -33,11 +33,12 @@ def run_report(scale: str = "quick", only: list[int] | None = None, device: str 
         entry = {"id": exp.id, "slug": exp.slug, "title": exp.title, "claim": exp.claim, "prediction": exp.prediction,
                  "threshold": exp.threshold, "source": exp.source, "elapsed_s": time.perf_counter() - t,
                  **outcome.to_dict()}
+        entry["device"] = outcome.device or device  # an experiment that ran elsewhere (e.g. "meta") says so
         claims.append(entry)
         if progress:
             progress(exp, entry)
-    return {"attnlab_report": 1, "scale": scale, "device": device, "seed": 0, "context": machine_context(0),
-            "total_s": time.perf_counter() - t0, "claims": claims}
+    return {"attnlab_report": 1, "scale": scale, "device": device, "seed": 0,
+            "context": machine_context(0, device=device), "total_s": time.perf_counter() - t0, "claims": claims}
 
 
 def _fmt(v):

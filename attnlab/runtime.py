@@ -1,0 +1,186 @@
+"""Where code runs, decided in one place: threads, denormals, the device, what the CPU can do natively,
+which dtypes are worth running, and the machine context every result records.
+
+Why one place: the same model ran 14x slower with denormal floats, and a bf16 matmul is ~100x slower than
+fp32 on a CPU that only emulates bf16 (AVX2, no avx512_bf16 or AMX); sessions land on both kinds of CPU
+(../shared/MEASURING.md). Every entry point (CLI, report, benchmarks, measuring subprocesses) calls
+``set_threads`` and ``resolve_device`` from here, and every results JSON carries ``machine_context()``.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import platform
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attnlab.errors import AttnlabError
+
+DEVICES = ("cpu", "cuda")
+DTYPES = ("fp32", "bf16", "fp16", "int8")  # int8 is weight-only: its activations run in bf16
+
+
+class EmulatedDtypeWarning(UserWarning):
+    """A dtype was asked for that this hardware only emulates (it runs, but far slower than fp32)."""
+
+
+def set_threads(n: int | None = None) -> int:
+    """Set torch's intra-op threads (None: keep torch's default, one per core) and flush denormals to zero;
+    returns the thread count in force. Denormals made a model 14x slower on these CPUs (MEASURING.md)."""
+    if n is not None:
+        if n < 1:
+            raise AttnlabError(f"--threads {n} must be >= 1 (omit it to use torch's default of one per core)")
+        torch.set_num_threads(n)
+    torch.set_flush_denormal(True)
+    return torch.get_num_threads()
+
+
+def resolve_device(name: str | torch.device | None) -> torch.device:
+    """'cpu' | 'cuda' | 'cuda:N' | None (-> cpu) as a torch.device; a device this machine lacks is an error
+    naming the fix, never a silent fall back to the CPU."""
+    if name is None:
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise AttnlabError(f"--device {name!r} is not a device; choose one of: {', '.join(DEVICES)}") from None
+    if device.type not in DEVICES:
+        raise AttnlabError(f"--device {name!r} is not supported; choose one of: {', '.join(DEVICES)}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA support (a CPU-only build)"
+            raise AttnlabError(f"--device {name}: torch sees no CUDA device (torch {torch.__version__}, built with "
+                               f"{build}); use --device cpu, or run on a machine with an NVIDIA GPU and a CUDA "
+                               "build of torch")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise AttnlabError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) here; "
+                               f"use cuda:0..cuda:{torch.cuda.device_count() - 1}")
+    return device
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Wait for queued GPU work before reading a clock (a no-op on the CPU, whose ops return when done)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class CpuCapabilities:
+    model: str  # /proc/cpuinfo's "model name" (platform.processor() elsewhere)
+    capability: str  # torch.backends.cpu.get_cpu_capability(): the widest vector ISA torch's kernels use
+    onednn_bf16: bool  # torch.ops.mkldnn._is_mkldnn_bf16_supported(): oneDNN accepts bf16 (maybe emulated)
+    avx2: bool
+    avx512f: bool
+    avx512_bf16: bool  # bf16 dot products in AVX-512
+    amx_bf16: bool  # Intel AMX tiles with bf16
+    flags_known: bool  # False where /proc/cpuinfo has no flags line (then the two above are unknown)
+
+    @property
+    def native_bf16(self) -> bool:
+        """bf16 matmuls run in hardware: avx512_bf16 or AMX. Without either they are emulated, ~100x slower
+        than fp32 (measured on an AVX2 session). Unknown flags: trust oneDNN's answer."""
+        return (self.avx512_bf16 or self.amx_bf16) if self.flags_known else self.onednn_bf16
+
+
+def parse_cpuinfo(text: str) -> tuple[str | None, set[str] | None]:
+    """(model name, x86 flags) from /proc/cpuinfo text; None for what it lacks (ARM lists "Features" instead of
+    "flags": there the flags count as unknown and oneDNN's own answer decides)."""
+    model, flags = None, None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model is None:
+            model = value.strip()
+        elif key == "flags" and flags is None:
+            flags = set(value.split())
+    return model, flags
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_capabilities() -> CpuCapabilities:
+    """What this CPU offers torch (read once per process)."""
+    try:
+        model, flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        model, flags = None, None
+    try:
+        onednn_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN
+        onednn_bf16 = False
+    known = flags is not None
+    flags = flags or set()
+    return CpuCapabilities(model=model or platform.processor() or platform.machine(),
+                           capability=torch.backends.cpu.get_cpu_capability(), onednn_bf16=onednn_bf16,
+                           avx2="avx2" in flags, avx512f="avx512f" in flags, avx512_bf16="avx512_bf16" in flags,
+                           amx_bf16="amx_bf16" in flags, flags_known=known)
+
+
+def cpu_name() -> str:
+    return cpu_capabilities().model
+
+
+def native_bf16(device: str | torch.device = "cpu") -> bool:
+    """Whether bf16 matmuls run natively on ``device`` (CUDA: torch.cuda.is_bf16_supported())."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return cpu_capabilities().native_bf16
+
+
+def fast_dtypes(device: str | torch.device = "cpu") -> tuple[str, ...]:
+    """The inference dtypes worth running on ``device``: fp32 always; bf16 and int8 weight-only (bf16
+    activations) only where bf16 is native. A default or a sweep picks from these and nothing else."""
+    return ("fp32", "bf16", "int8") if native_bf16(device) else ("fp32",)
+
+
+def check_dtype(name: str, device: str | torch.device = "cpu") -> str | None:
+    """Validate a dtype asked for explicitly; warn (EmulatedDtypeWarning) and return the message when the
+    hardware only emulates it, else None. It still runs: the user asked for it, and is told the cost."""
+    if name not in DTYPES:
+        raise AttnlabError(f"dtype {name!r} is not supported; choose one of: {', '.join(DTYPES)}")
+    device = torch.device(device)
+    if name == "fp32":
+        return None
+    if name == "fp16":
+        if device.type != "cpu":
+            return None
+        message = (f"--dtype fp16 on the CPU ({cpu_name()}): fp16 matmuls are emulated on most CPUs and run far "
+                   "slower than fp32; use --dtype fp32")
+    elif native_bf16(device):
+        return None
+    else:
+        what = "bf16" if name == "bf16" else "int8 weight-only, whose activations run in bf16,"
+        if device.type == "cuda":
+            where, cost = f"this GPU ({torch.cuda.get_device_name(device)}) has no native bf16", "far slower than fp32"
+        else:
+            caps = cpu_capabilities()
+            where = (f"this CPU ({caps.model}, torch capability {caps.capability}) has no native bf16 matmul "
+                     "(no avx512_bf16 or AMX)")
+            cost = "about 100x slower than fp32"
+        message = (f"--dtype {name}: {where}, so {what} is emulated, {cost}. "
+                   "int8 weight-only runs bf16 activations too, so here fp32 is the fast choice: use --dtype fp32")
+    warnings.warn(message, EmulatedDtypeWarning, stacklevel=2)
+    return message
+
+
+def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | torch.device = "cpu") -> dict:
+    """What every results and benchmark JSON records about where it ran (MEASURING.md, 'Record the context')."""
+    device = torch.device(device)
+    caps = cpu_capabilities()
+    gpu = torch.cuda.get_device_name(device if device.type == "cuda" else None) if torch.cuda.is_available() else None
+    return {"cpu": caps.model, "cpu_capability": caps.capability, "cpu_flags": {
+                "avx2": caps.avx2, "avx512f": caps.avx512f, "avx512_bf16": caps.avx512_bf16, "amx_bf16": caps.amx_bf16,
+                "known": caps.flags_known},
+            "onednn_bf16": caps.onednn_bf16, "amx": caps.amx_bf16, "native_bf16": native_bf16(device),
+            "gpu": gpu, "device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": sys.version.split()[0], "dtype": dtype, "seed": seed, "command": " ".join(sys.argv),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+__all__ = ["CpuCapabilities", "DEVICES", "DTYPES", "EmulatedDtypeWarning", "check_dtype", "cpu_capabilities",
+           "cpu_name", "fast_dtypes", "machine_context", "native_bf16", "parse_cpuinfo", "resolve_device",
+           "set_threads", "synchronize"]
