@@ -53,7 +53,7 @@ def _run_one(kernel: str, T: int, H: int, D: int, repeats: int, dtype: str, devi
         fn = lambda: linear_parallel(fq, fk, v, torch.zeros(1, H, D, D, **on), torch.zeros(1, H, D, **on), 64)
         pairs = None
     else:
-        kw = dict(q_offset=0, causal=True, alibi_slopes=None, scale=D ** -0.5)
+        kw = dict(causal=True, alibi_slopes=None, scale=D ** -0.5)
         if kernel == "sliding":
             kw["window"] = 256
         if kernel == "block_sparse":

@@ -3,7 +3,9 @@
     python benchmarks/decode_vs_hf.py [--pairs 5] [--new-tokens 32]
 
 Same random weights in both (HF builds GPT-2 small, saves safetensors, attnlab loads the folder),
-batch 1, greedy, the machine's calibrated matmul peak and bandwidth measured in the same process.
+batch 1, greedy, the machine's calibrated matmul peak and bandwidth measured in the same process. One
+clock for both sides: the wall time of a whole call (TTFT = a call returning one token; time per token =
+(wall time for n tokens - for 1) / (n - 1)), every path warmed up, each round in another order.
 Also: decode with vs without the KV cache; bf16 / int8 held-out loss change and speculative decoding on
 models trained on the embedded corpus (benchmarks/cache/spec-target and spec-draft, see --help).
 bf16 and int8 (whose activations are bf16) run only where attnlab.runtime finds bf16 native: on a CPU that
@@ -53,26 +55,31 @@ def gpt2_section(args, peak: float, bandwidth: float) -> dict:
     ctx = torch.randint(0, cfg.vocab_size, (1, 1024), generator=torch.Generator().manual_seed(1))
     p512, p1024 = ctx[:, :512], ctx
     n = args.new_tokens
-    rows = {k: [] for k in ("hf_ttft512", "hf_ttft1024", "hf_tpot", "fp32_ttft512", "fp32_ttft1024", "fp32_tpot",
-                            *(f"{dt}_{what}" for dt in low for what in ("tpot", "ttft512")))}
-    same_tokens = True
-    hf_generate_s(hf, p512, 2)  # warm-up both sides
-    generate(models["fp32"], p512[0].tolist(), 2)
-    for _ in range(args.pairs):  # interleaved: HF, attnlab fp32, bf16, int8 in every round
-        t1, _ = hf_generate_s(hf, p512, 1)
-        tn, hf_ids = hf_generate_s(hf, p512, n)
-        rows["hf_ttft512"].append(t1)
-        rows["hf_tpot"].append((tn - t1) / (n - 1))
-        rows["hf_ttft1024"].append(hf_generate_s(hf, p1024[:, :1024 - 2], 1)[0])
-        out = generate(models["fp32"], p512[0].tolist(), n)
-        same_tokens &= out.tokens == hf_ids
-        rows["fp32_ttft512"].append(out.stats.ttft_s)
-        rows["fp32_tpot"].append(out.stats.tpot_s)
-        rows["fp32_ttft1024"].append(generate(models["fp32"], p1024[0, :1024 - 2].tolist(), 1).stats.ttft_s)
-        for dt in low:
-            o = generate(models[dt], p512[0].tolist(), n)
-            rows[f"{dt}_tpot"].append(o.stats.tpot_s)
-            rows[f"{dt}_ttft512"].append(o.stats.ttft_s)
+    sides = {"hf": lambda ids, k: hf_generate_s(hf, ids, k)[1]}
+    for dt in ("fp32", *low):
+        sides[dt] = lambda ids, k, m=models[dt]: generate(m, ids[0].tolist(), k).tokens
+    rows = {f"{side}_{what}": [] for side in sides for what in ("ttft512", "ttft1024", "tpot")}
+    tokens = {}
+
+    def wall_s(side, ids, k):
+        """The one clock for every side: wall time of the whole call, from the call until its tokens exist."""
+        t = time.perf_counter()
+        out = sides[side](ids, k)
+        return time.perf_counter() - t, out
+
+    for side in sides:  # warm up every path that is timed
+        for ids, k in ((p512, 1), (p512, n), (p1024[:, :1024 - 2], 1)):
+            wall_s(side, ids, k)
+    names = list(sides)
+    for r in range(args.pairs):  # each round in another order: HF first, then second, ...
+        for side in names[r % len(names):] + names[:r % len(names)]:
+            t1, _ = wall_s(side, p512, 1)  # TTFT = a call that returns one new token
+            tn, toks = wall_s(side, p512, n)  # per token = (wall time for n tokens - for 1) / (n - 1)
+            rows[f"{side}_ttft512"].append(t1)
+            rows[f"{side}_tpot"].append((tn - t1) / (n - 1))
+            rows[f"{side}_ttft1024"].append(wall_s(side, p1024[:, :1024 - 2], 1)[0])
+            tokens[side] = toks
+    same_tokens = tokens["fp32"] == tokens["hf"]
     med = {k: statistics.median(v) for k, v in rows.items()}
     nonembed = sum(p.numel() for name, p in base.named_parameters() if "tok_emb" not in name and "pos_enc" not in name)
     res = {"raw": {k: summarize(v) for k, v in rows.items()}, "greedy_tokens_identical_to_hf": same_tokens}

@@ -125,3 +125,36 @@ def test_lengths_bad_values_are_clear_errors():
         model(torch.randint(0, 37, (2, 4)), state, lengths=torch.tensor([0, 4]))
     with pytest.raises(AttnlabError, match="3 sequences|2 sequences"):
         model(torch.randint(0, 37, (3, 4)), state)
+
+
+def test_a_new_head_reuses_the_backbone_without_copying_it():
+    """A recommender-style head: item embeddings in, scores against the same embeddings out, the residual
+    stack taken as it is (and still causal)."""
+    from torch import nn
+
+    from attnlab.models.backbone import Backbone
+    from attnlab.models.positional import build_positional
+
+    cfg = tiny(pos="learned")
+
+    class ItemScorer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.items = nn.Embedding(50, cfg.dim)
+            self.pos_enc = build_positional(cfg)
+            self.backbone = Backbone(cfg)
+
+        def forward(self, seq):
+            positions = torch.arange(seq.shape[1])
+            h = self.backbone(self.pos_enc.embed(self.items(seq), positions), positions, self.pos_enc)
+            return h @ self.items.weight.t()  # (B, T, n_items)
+
+    model = ItemScorer().eval()
+    seq = torch.randint(0, 50, (2, 9))
+    scores = model(seq)
+    changed = seq.clone()
+    changed[:, 6] = (changed[:, 6] + 1) % 50
+    assert scores.shape == (2, 9, 50)
+    torch.testing.assert_close(model(changed)[:, :6], scores[:, :6])
+    assert sum(p.numel() for p in model.backbone.parameters()) > 0
+    assert not any(n.startswith("backbone.") for n, _ in model.items.named_parameters())

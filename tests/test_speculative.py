@@ -97,3 +97,15 @@ def test_speculative_errors():
         speculative_generate(target, [1, 2], 5)
     with pytest.raises(AttnlabError, match="transformer"):
         speculative_generate(target, [1, 2], 5, draft=lively(1, family="lstm"))
+
+
+@pytest.mark.parametrize("proposer", ["draft", "lookup"])
+def test_speculative_on_a_ragged_batch_keeps_greedy_output(proposer):
+    """Three prompts of different lengths verified together (rows of k+1, ragged where drafts run short)."""
+    target, draft = lively(0, dim=64), lively(1, n_layers=1)
+    prompts = [[1, 2, 3, 4, 1, 2, 3], [9, 8], list(range(5, 30))]
+    kw = dict(draft=draft) if proposer == "draft" else dict(prompt_lookup=True, lookup_ngram=(1, 3))
+    out = speculative_generate(target, prompts, 30, k=3, **kw)
+    assert [c.tokens for c in out.completions] == [generate(target, p, 30).tokens for p in prompts]
+    assert out.stats.rounds > 0 and out.stats.proposed > 0
+    assert set(out.stats.to_dict()) >= {"rounds", "proposed", "accepted"}

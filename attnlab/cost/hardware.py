@@ -193,7 +193,7 @@ def _elementwise_rate(overhead_s: float, T: int = 256, d: int = 256, heads: int 
     import torch
     import torch.nn.functional as F
 
-    from attnlab.models.positional import _apply_rotary
+    from attnlab.models.positional import apply_rotary
 
     x, y = torch.randn(T, d), torch.randn(T, d)
     h = torch.randn(T, 4 * d)
@@ -206,8 +206,8 @@ def _elementwise_rate(overhead_s: float, T: int = 256, d: int = 256, heads: int 
         F.layer_norm(y, (d,))
         x + y
         x + y
-        _apply_rotary(q, cos, sin)
-        _apply_rotary(q, cos, sin)
+        apply_rotary(q, cos, sin)
+        apply_rotary(q, cos, sin)
         torch.softmax(scores, -1)
         F.gelu(h, approximate="tanh")
 

@@ -34,7 +34,7 @@ def _predict(cfg: ModelConfig, prompt: int, ctx: int, hw) -> dict:
         meta = build_model(cfg, device="meta")
     prefill_ops = trace(meta, torch.zeros(1, prompt, dtype=torch.long, device="meta")).ops + hardware.SAMPLING_OPS
     state = meta.new_state(1, ctx + 1)
-    state.pos = ctx
+    state.pos = torch.full((1,), ctx)  # as if ctx tokens were cached: the decode step attends to all of them
     decode_ops = trace(meta, torch.zeros(1, 1, dtype=torch.long, device="meta"), state).ops + hardware.SAMPLING_OPS
     pre = roofline_s(forward_flops(a, prompt, 0, head_rows=1)["total"],
                      forward_bytes(a, prompt, 0, 1, "fp32", head_rows=1)["total"], hw, "fp32", prefill_ops,

@@ -38,7 +38,7 @@ def _grad_profile(kw, T, dists, device):
     return captured
 
 
-def _mqar(kw, steps, seq_len, pairs, vocab, dim, device):
+def train_mqar(kw, steps, seq_len, pairs, vocab, dim, device):
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=vocab, dim=dim, n_layers=2, n_heads=1 if not kw else 4, max_seq_len=seq_len, **kw)
     tc = TrainConfig(lr=3e-3, steps=steps, warmup_steps=steps // 10, weight_decay=0.0)
@@ -67,7 +67,7 @@ def run(scale: str, device: str) -> Outcome:
     grads = {name: _grad_profile(kw, T, dists, device) for name, kw in FAMILIES.items()}
     ratio = {name: g[-1] / max(g[0], 1e-30) for name, g in grads.items()}
     steps, seq_len, pairs, vocab, dim = (200, 32, 4, 32, 64) if scale == "quick" else (1500, 64, 8, 64, 64)
-    mq = {name: _mqar(kw, steps, seq_len, pairs, vocab, dim, device) for name, kw in FAMILIES.items()}
+    mq = {name: train_mqar(kw, steps, seq_len, pairs, vocab, dim, device) for name, kw in FAMILIES.items()}
     grad_ok = all(ratio["transformer"] >= 10 * ratio[f] for f in ("rnn", "lstm", "gru"))
     recall_ok = all(mq["transformer"][0] >= mq[f][0] for f in mq)
     if max(a[0] for a in mq.values()) < 0.5:

@@ -21,7 +21,7 @@ def run(scale: str, device: str) -> Outcome:
     for T in lens:
         q, k, v = (torch.randn(1, H, T, D).to(device) for _ in range(3))
         for name in times:
-            t = median_time(lambda: KERNELS[name](q, k, v, q_offset=0, causal=True, alibi_slopes=None,
+            t = median_time(lambda: KERNELS[name](q, k, v, causal=True, alibi_slopes=None,
                                                   scale=D ** -0.5), repeats=2, device=device)
             times[name].append(t)
             rows.append({"kernel": name, "n": T, "time_s": t, "naive_score_bytes": H * T * T * 4})

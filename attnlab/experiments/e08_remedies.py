@@ -2,7 +2,7 @@
 import torch
 
 from attnlab.experiments.base import Outcome, Plot, Series, fit_exponent, median_time, verdict
-from attnlab.experiments.e03_path_length import _mqar
+from attnlab.experiments.e03_path_length import train_mqar
 from attnlab.models.attention import KERNELS
 from attnlab.models.linear import linear_parallel, phi
 from attnlab.models.sparse import default_block, pairs_scored
@@ -22,7 +22,7 @@ def _times(lens, device, H=4, D=64):
     timed = lambda fn: median_time(fn, 2, device=device)
     for T in lens:
         q, k, v = (torch.randn(1, H, T, D).to(device) for _ in range(3))
-        kw = dict(q_offset=0, causal=True, alibi_slopes=None, scale=D ** -0.5)
+        kw = dict(causal=True, alibi_slopes=None, scale=D ** -0.5)
         with torch.inference_mode():
             out["sdpa"].append(timed(lambda: KERNELS["sdpa"](q, k, v, **kw)))
             out["flash"].append(timed(lambda: KERNELS["flash"](q, k, v, **kw)))
@@ -49,7 +49,7 @@ def run(scale: str, device: str) -> Outcome:
               "block_sparse": dict(kernel="block_sparse", block_size=6), "linear": dict(family="linear", pos="none"),
               "ssm": dict(family="ssm", pos="none")}
     steps = 200 if scale == "quick" else 1500
-    acc = {name: _mqar(kw, steps, 32, 4, 32, 64, device)[0] for name, kw in models.items()}
+    acc = {name: train_mqar(kw, steps, 32, 4, 32, 64, device)[0] for name, kw in models.items()}
     faster = all(exps[k] < exps["sdpa"] for k in ("sliding", "block_sparse", "linear", "ssm"))
     recall = all(acc["exact (sdpa)"] >= a for a in acc.values())
     ok = (faster and recall) if max(acc.values()) >= 0.5 or not faster else None

@@ -121,10 +121,10 @@ class Rope(Positional):
 
     def rotate(self, q, k, positions):
         cos, sin = self.cos_sin(positions, q.dtype)  # broadcast over (B, H, T, D)
-        return _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 
-def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
