@@ -175,18 +175,38 @@ def test_dense_and_int8_linears():
     assert (y - lin(x)).abs().max() < 0.05 * lin(x).abs().max()
 
 
+@pytest.mark.parametrize("path", ["matmul", "onednn", "mkl"])
 @pytest.mark.parametrize("rows", [1, 4, 9])
-def test_dense_linear_packed_for_any_row_count_computes_the_same(rows):
-    """Whatever row count the weight is laid out for, every call size gives nn.Linear's result."""
-    lin = torch.nn.Linear(512, 640, bias=False)  # above the oneDNN threshold, so the packed path runs
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_dense_linear_layout_for_any_row_count_computes_the_same(path, rows, bias, monkeypatch):
+    """Whichever layout is chosen and whatever row count it is laid out for, every call size gives
+    nn.Linear's result."""
+    lin = torch.nn.Linear(512, 640, bias=bias)
+    forced = {(512, 640, torch.float32, rows, bias): path}
+    monkeypatch.setattr(DenseLinear, "_chosen", forced)  # skip the measurement: install this layout
     dense = DenseLinear(lin, torch.float32, rows)
-    if torch.backends.mkldnn.is_available():
-        assert dense.path == "onednn"
+    if dense.path != path:
+        pytest.skip(f"{path} is not built into this torch")
     for m in (1, 2, 5, 64):
         x = torch.randn(m, 512)
         torch.testing.assert_close(dense(x), lin(x), atol=1e-4, rtol=1e-4)
     with pytest.raises(AttnlabError, match="rows=0"):
         set_precision(lively(dim=64, n_heads=4), "fp32", rows=0)
+
+
+def test_dense_linear_keeps_the_fastest_layout_it_measured(monkeypatch):
+    monkeypatch.setattr(DenseLinear, "_chosen", {})
+    lin = torch.nn.Linear(256, 384)
+    dense = DenseLinear(lin, torch.float32, 2)
+    assert dense.path in ("matmul", "onednn", "mkl")
+    assert DenseLinear._chosen[(256, 384, torch.float32, 2, True)] == dense.path  # measured once per shape
+    assert weight_bytes_of(dense) == 256 * 384 * 4 + 384 * 4  # one dense copy counted, whatever the layout
+
+
+def weight_bytes_of(module):
+    from attnlab.engine.quantize import weight_bytes
+
+    return weight_bytes(module)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])

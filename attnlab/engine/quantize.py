@@ -8,6 +8,7 @@ no fp32 copy of the weights is ever materialised.
 """
 from __future__ import annotations
 
+import time
 import warnings
 
 import torch
@@ -27,48 +28,89 @@ def _warn_once(key: str, message: str) -> None:
 
 
 class DenseLinear(nn.Module):
-    """An inference-only Linear whose weight is laid out for fast row-vector products.
+    """An inference-only Linear whose weight is laid out for the calls decode makes: a few rows at a time.
 
-    Decode multiplies one row vector by every weight matrix, so the layout decides how fast the matrix
-    streams from memory. On CPU the weight is prepacked for oneDNN (the blocked layout torch's own
-    compiler uses); measured here on GPT-2 small's matrices, 1.1-1.3x faster than nn.Linear in fp32 and
-    about 1.5x in bf16. Elsewhere (or without oneDNN) it is stored (in, out), like GPT-2's Conv1D, which
-    streams the 50257 x 768 LM head about 2x faster than nn.Linear's (out, in). ``path`` records which ran.
-    Small matrices skip oneDNN: each of its calls costs ~15 us whatever the size, against ~4 us for a plain
-    row-times-(in, out) product of a 128 x 384 matrix (measured here), and a draft model is all small matrices.
+    Decode multiplies a few row vectors by every weight matrix, so the weight's layout and the kernel decide
+    how fast the matrix streams from memory, and which is fastest depends on the CPU: on an AMD EPYC here
+    oneDNN's prepacked layout was 1.1-1.3x nn.Linear in fp32; on an Intel Sapphire Rapids here MKL's packed
+    GEMM streamed GPT-2's 768 x 2304 matrix at 37 GB/s for 8 rows against oneDNN's 20 GB/s, and a plain
+    row-times-(in, out) product at 41 GB/s for 1 row against oneDNN's 27 GB/s. So the layout is chosen by
+    measurement on the machine it runs on: each candidate (``mkl`` packed, fp32 only; ``onednn`` packed;
+    ``matmul`` with the weight stored (in, out), like GPT-2's Conv1D) is timed at ``rows`` rows and the
+    fastest kept; the choice is remembered per shape, dtype and row count. ``path`` records which runs.
 
-    ``rows``: how many rows (batch x tokens) the decode calls will usually carry — 1 for plain decoding, k+1 for
-    the target of speculative decoding. oneDNN lays the weight out for that size, and the layout matters:
-    measured here on a 384-wide, 6-layer model, weights packed for 1 row made a 4-row call 1.54x a 1-row call
-    (7.1 vs 4.6 ms), packed for 4 rows 1.16x (4.9 vs 4.2 ms); on GPT-2 small's 768-wide matrices packing for
-    1 row is ~8% faster at 1 row and ~30% slower at 4. Prefill (hundreds of rows) runs alike with either.
+    ``rows``: how many rows (batch x tokens) the decode calls will usually carry: 1 for plain decoding, k+1
+    for the target of speculative decoding, B for a batch of B sequences. Packed layouts are laid out for
+    that size (on the AMD machine, weights packed for 1 row made a 4-row call 1.54x a 1-row call, packed for
+    4 rows 1.16x). Prefill (hundreds of rows) runs on whichever layout was chosen.
     """
 
-    ONEDNN_MIN_ELEMENTS = 256 * 1024  # below this (1 MiB in fp32) the fixed cost outweighs the faster streaming
+    _chosen: dict = {}  # (in, out, dtype, rows, bias) -> path, measured once per process
+    PROBE_CALLS = 5
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, rows: int = 1):
         super().__init__()
-        w = linear.weight.detach().to(dtype)
+        w = linear.weight.detach().to(dtype).contiguous()
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.path = "matmul"
-        if (w.device.type == "cpu" and torch.backends.mkldnn.is_available() and dtype in (torch.float32, torch.bfloat16)
-                and w.numel() >= self.ONEDNN_MIN_ELEMENTS):
+        self.in_features, self.out_features, self.rows = linear.in_features, linear.out_features, rows
+        self.weight_bytes = w.numel() * w.element_size()
+        builders = self._candidates(w, dtype, rows)
+        key = (self.in_features, self.out_features, dtype, rows, self.bias is not None)
+        path = self._chosen.get(key)
+        if path not in builders:
+            path = self._measure(builders, dtype, rows)
+            self._chosen[key] = path
+        self.path = path
+        builders[path]()
+
+    def _candidates(self, w: torch.Tensor, dtype, rows: int) -> dict:
+        """path -> a function that installs that layout on self."""
+        out = {"matmul": lambda: setattr(self, "weight_t", nn.Parameter(w.t().contiguous(), requires_grad=False))}
+        if w.device.type != "cpu":
+            return out
+        if torch.backends.mkldnn.is_available() and dtype in (torch.float32, torch.bfloat16):
+            def onednn():
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+            out["onednn"] = onednn
+        if torch.backends.mkl.is_available() and dtype == torch.float32:
+            def mkl():
+                self.packed = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
+                self.register_buffer("weight", w, persistent=False)  # MKL's own path for other row counts
+            out["mkl"] = mkl
+        return out
+
+    def _measure(self, builders: dict, dtype, rows: int) -> str:
+        """Install each candidate, time PROBE_CALLS calls at `rows` rows (best of), keep the fastest's name."""
+        x = torch.randn(rows, self.in_features).to(dtype)
+        best, best_s = "matmul", float("inf")
+        for path, build in builders.items():
             try:
-                packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), rows)
-                torch.ops.mkldnn._linear_pointwise(torch.zeros(1, w.shape[1], dtype=dtype), packed, None, "none", [], "")
-                self.packed, self.path = packed, "onednn"
-                self.weight_bytes = w.numel() * w.element_size()
-                return
+                build()
+                self.path = path
+                self(x)
+                self(x)
+                took = []
+                for _ in range(self.PROBE_CALLS):
+                    t = time.perf_counter()
+                    self(x)
+                    took.append(time.perf_counter() - t)
             except (RuntimeError, AttributeError):
-                _warn_once("onednn", "oneDNN weight prepacking unavailable; using the (in, out) matmul layout")
-        self.weight_t = nn.Parameter(w.t().contiguous(), requires_grad=False)
+                continue  # this kernel is not built into this torch
+            if min(took) < best_s:
+                best, best_s = path, min(took)
+        for name in ("packed", "weight_t", "weight"):
+            if hasattr(self, name):
+                delattr(self, name)
+        return best
 
     def forward(self, x):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])  # (B*T, in)
         if self.path == "onednn":
             y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
+        elif self.path == "mkl":
+            with torch.no_grad():  # inference only; MKL's kernel writes into an out= tensor autograd refuses
+                y = torch.ops.mkl._mkl_linear(x2, self.packed, self.weight, self.bias, self.rows)
         elif self.bias is None:
             y = x2 @ self.weight_t
         else:
@@ -145,8 +187,14 @@ def set_precision(model: nn.Module, dtype: str, layout: bool = True, rows: int =
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of parameters and buffers as stored (a tied matrix once; prepacked matrices at their dense size)."""
-    seen, total = set(), sum(getattr(m, "weight_bytes", 0) for m in model.modules())
+    """Bytes of parameters and buffers as stored (a tied matrix once; a DenseLinear's matrix once, at its dense
+    size, whatever layout holds it)."""
+    seen, total = set(), 0
+    for m in model.modules():
+        if isinstance(m, DenseLinear):
+            total += m.weight_bytes
+            seen.update(t.data_ptr() for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False))
+                        if t is not m.bias)
     for t in list(model.parameters()) + list(model.buffers()):
         if t.data_ptr() in seen:
             continue

@@ -22,7 +22,7 @@ from collections import OrderedDict
 import torch
 
 from attnlab.errors import AttnlabError
-from attnlab.models.state import Rows, as_positions
+from attnlab.models.state import Rows, as_positions, per_row_attention
 
 
 class OutOfBlocks(AttnlabError):
@@ -47,13 +47,14 @@ class BlockPool:
         self.by_key: dict[int, int] = {}
         self.children: dict[int | None, set[int]] = {}  # prefix key -> registered blocks that continue it
         self.parent: list[int | None] = [None] * n_blocks
-        self._clean = list(range(n_blocks))  # free, no key: a min-heap, so a sequence's blocks tend to be a run
+        self._clean = list(range(n_blocks))  # free, no key: a min-heap (lazy: see _in_heap)
+        self._in_heap = set(self._clean)  # the free blocks without a key
         self._cached: OrderedDict[int, None] = OrderedDict()  # free but keyed: evicted oldest first
         self.hits = self.lookups = 0  # prefix-cache statistics, in blocks
 
     @property
     def free_blocks(self) -> int:
-        return len(self._clean) + len(self._cached)
+        return len(self._in_heap) + len(self._cached)
 
     @property
     def used_blocks(self) -> int:
@@ -68,17 +69,57 @@ class BlockPool:
     def nbytes(self) -> int:
         return self.bytes_per_block * self.n_blocks
 
-    def allocate(self) -> int:
-        if self._clean:
-            b = heapq.heappop(self._clean)
-        elif self._cached:
-            b, _ = self._cached.popitem(last=False)
-            self._forget(b)
+    def allocate(self, after: int | None = None) -> int:
+        """A free block: the one right after ``after`` if it is free (a sequence's blocks stay a run, read
+        as a view instead of copied), else for a sequence's first block (after=-1) the middle of the largest
+        free gap (room to grow in place), else the lowest free block without a key, else the oldest keyed one."""
+        b = None
+        if after is not None and after >= 0 and after + 1 < self.n_blocks and self.ref[after + 1] == 0 \
+                and not self._taken(after + 1):
+            b = after + 1
+        elif after == -1:
+            b = self._gap_middle()
+        if b is not None:
+            if b in self._cached:
+                del self._cached[b]
+                self._forget(b)
+            else:
+                self._in_heap.discard(b)
         else:
-            raise OutOfBlocks(f"the KV pool's {self.n_blocks} blocks of {self.block_size} tokens are all in use; "
-                              "allocate more blocks, or wait for a sequence to finish")
+            b = self._pop_free()
         self.ref[b] = 1
         return b
+
+    def _taken(self, b: int) -> bool:
+        return b not in self._in_heap and b not in self._cached
+
+    def _pop_free(self) -> int:
+        while self._clean:
+            b = heapq.heappop(self._clean)
+            if b in self._in_heap:  # entries taken out of order stay in the heap until popped
+                self._in_heap.discard(b)
+                return b
+        if self._cached:
+            b, _ = self._cached.popitem(last=False)
+            self._forget(b)
+            return b
+        raise OutOfBlocks(f"the KV pool's {self.n_blocks} blocks of {self.block_size} tokens are all in use; "
+                          "allocate more blocks, or wait for a sequence to finish")
+
+    def _gap_middle(self) -> int | None:
+        """The block in the middle of the longest run of free blocks without a key, or None."""
+        best_start, best_len, start = 0, 0, None
+        for i in range(self.n_blocks + 1):
+            free = i < self.n_blocks and i in self._in_heap
+            if free and start is None:
+                start = i
+            elif not free and start is not None:
+                if i - start > best_len:
+                    best_start, best_len = start, i - start
+                start = None
+        if best_len < 2:
+            return None
+        return best_start + (best_len - 1) // 2 if best_start > 0 else best_start
 
     def incref(self, b: int) -> None:
         if self.ref[b] == 0:
@@ -91,6 +132,7 @@ class BlockPool:
         if self.ref[b] == 0:
             if self.key[b] is None:
                 heapq.heappush(self._clean, b)
+                self._in_heap.add(b)
             else:
                 self._cached[b] = None
 
@@ -197,7 +239,7 @@ class PagedKVCache(Rows):
             if best is not None:
                 pool.incref(best)  # hold it while copying: allocate() must not evict it
                 try:
-                    dst = pool.allocate()
+                    dst = pool.allocate(self.tables[row][-1] if self.tables[row] else -1)
                 finally:
                     pool.decref(best)
                 pool.copy_block(best, dst, best_m)
@@ -265,7 +307,7 @@ class PagedKVCache(Rows):
         """Block i of a row is about to be written: copy it if shared, unkey it if keyed."""
         pool, b = self.pool, self.tables[row][i]
         if pool.ref[b] > 1:
-            dst = pool.allocate()
+            dst = pool.allocate(self.tables[row][i - 1] if i else -1)
             pool.copy_block(b, dst)
             pool.decref(b)
             self.tables[row][i] = dst
@@ -284,7 +326,8 @@ class PagedKVCache(Rows):
                 if p % bs:
                     self._writable(r, p // bs)
                 while len(self.tables[r]) * bs < p + n_new[r]:
-                    self.tables[r].append(self.pool.allocate())
+                    table = self.tables[r]
+                    table.append(self.pool.allocate(table[-1] if table else -1))
                 table = self.tables[r]
                 for i in range(n_new[r]):
                     write_slots.append(table[(p + i) // bs] * bs + (p + i) % bs)
@@ -294,27 +337,16 @@ class PagedKVCache(Rows):
             raise
         self._pending = [host[r][:n_new[r]] for r in range(B)]
         dev = self.pool.k[0].device
-        kv_len = self.pos + torch.tensor(n_new, dtype=torch.long)
-        S = int(kv_len.max())
-        run = self._run(0, S) if B == 1 else None
+        ends = (self.pos + torch.tensor(n_new, dtype=torch.long)).tolist()
+        reads = []  # per row: the first slot of a run of consecutive blocks (a view), or its block ids (a copy)
+        for r in range(B):
+            nb = -(-ends[r] // bs)
+            t = self.tables[r][:nb]
+            run = t[-1] - t[0] == nb - 1 and all(t[i] == t[0] + i for i in range(nb))
+            reads.append(t[0] * bs if run else torch.tensor(t, device=dev))
         src = None if self._lengths is None else torch.tensor(write_src, device=dev)
-        if run is not None:
-            self._plan = (torch.tensor(write_slots, device=dev), src, run, None, None)
-        else:
-            nb = -(-S // bs)
-            table = torch.tensor([t[:nb] + [0] * (nb - len(t[:nb])) for t in self.tables], dtype=torch.long)
-            j = torch.arange(S)
-            gather = (table[:, j // bs] * bs + j % bs).to(dev)  # (B, S) pool slot of each row's key j
-            self._plan = (torch.tensor(write_slots, device=dev), src, None, gather, (positions.to(dev), kv_len.to(dev)))
+        self._plan = (torch.tensor(write_slots, device=dev), src, reads, ends, n_new)
         return positions
-
-    def _run(self, row: int, S: int):
-        """(first slot, S) when the row's first S keys sit in consecutive blocks: read them as a view."""
-        bs, table = self.block_size, self.tables[row]
-        nb = -(-S // bs)
-        if all(table[i] == table[0] + i for i in range(nb)):
-            return table[0] * bs, S
-        return None
 
     def _trim_tables(self) -> None:
         bs = self.block_size
@@ -325,7 +357,7 @@ class PagedKVCache(Rows):
             self.tables[r] = self.tables[r][:keep]
 
     def attention(self, layer: int, q, k, v, run):
-        write_slots, write_src, view, gather, ragged = self._plan
+        write_slots, write_src, reads, ends, news = self._plan
         pk, pv = self.pool.k[layer], self.pool.v[layer]
         B, Hkv, T, D = k.shape
         new_k = k.permute(1, 0, 2, 3).reshape(Hkv, B * T, D)  # (Hkv, B*T, D)
@@ -334,17 +366,18 @@ class PagedKVCache(Rows):
             new_k, new_v = new_k[:, write_src], new_v[:, write_src]
         pk[:, write_slots] = new_k
         pv[:, write_slots] = new_v
-        if view is not None:  # one sequence in consecutive blocks: no copy
-            start, S = view
-            if self._lengths is None:
-                return run(q, pk[None, :, start:start + S], pv[None, :, start:start + S])
-            return run(q, pk[None, :, start:start + S], pv[None, :, start:start + S],
-                       q_pos=(self.pos[:, None] + torch.arange(T)).to(q.device),
-                       kv_len=torch.tensor([S], device=q.device))
-        q_pos, kv_len = ragged
-        keys = pk[:, gather].transpose(0, 1)  # (B, Hkv, S, D): each row's keys gathered from its blocks
-        vals = pv[:, gather].transpose(0, 1)
-        return run(q, keys, vals, q_pos=q_pos, kv_len=kv_len)
+        bs = self.block_size
+
+        def rows_of(pool):
+            def keys(b, end):  # (1, Hkv, end, D): a view of a run, else the row's blocks copied in order
+                where = reads[b]
+                if isinstance(where, int):
+                    return pool[None, :, where:where + end]
+                blocks = pool.view(Hkv, -1, bs, D).index_select(1, where)  # (Hkv, nb, bs, D)
+                return blocks.view(1, Hkv, -1, D)[:, :, :end]
+            return keys
+
+        return per_row_attention(q, rows_of(pk), rows_of(pv), ends, news, run)
 
     def commit(self) -> None:
         super().commit()
