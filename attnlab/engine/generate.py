@@ -135,7 +135,7 @@ def generate(model, prompts: Sequence[Sequence[int]] | Sequence[int], max_new_to
         return _generate_recomputing(model, prompts, max_new_tokens, params, stop_tokens, stop_strings, tokenizer)
     extra = proposer.k + 1 if proposer is not None else 0
     sched = Scheduler(model, max_len=max(len(p) for p in prompts) + max_new_tokens + extra, cache_dtype=cache_dtype,
-                      paged=paged, proposer=proposer)
+                      paged=paged, proposer=proposer, max_batch=len(prompts))
     seqs = [sched.submit(Seq(p, max_new_tokens, params, StopChecker(stop_tokens, stop_strings, tokenizer)))
             for p in prompts]
     stamps = []

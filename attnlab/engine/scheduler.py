@@ -92,7 +92,7 @@ class Scheduler:
         self.device = next(model.parameters()).device
         attention_kv = cfg.family == "transformer" and cfg.kernel != "sliding"
         if paged and pool is None and attention_kv:
-            pool = model.new_pool(min(self.max_batch, 64) * -(-self.max_len // 16), 16, cache_dtype)
+            pool = model.new_pool(min(self.max_batch, 64) * -(-self.max_len // 16), 16, cache_dtype)  # 64 rows at most
         self.pool = pool if attention_kv else None
         self.cache_dtype = cache_dtype
         self.waiting: deque[Sequence] = deque()

@@ -125,6 +125,24 @@ def per_row_attention(q, k_rows, v_rows, ends: list[int], news: list[int], run) 
     return out
 
 
+def _split_rows(cache: "KVCache", rows: list[int]):
+    """Remove `rows` from a contiguous cache; return (k, v, pos) of the removed rows. Rows that stay are
+    copied only when rows before them leave (a slice otherwise), and taking every row copies nothing."""
+    keep = [r for r in range(cache.batch_size) if r not in set(rows)]
+
+    def pick(t, idx):
+        if not idx:
+            return t[:0]
+        if idx == list(range(idx[0], idx[-1] + 1)):
+            return t[idx[0]:idx[-1] + 1]  # a contiguous range of rows: a view
+        return t[idx]
+
+    out = ([pick(t, rows) for t in cache.k], [pick(t, rows) for t in cache.v], cache.pos[rows].clone())
+    cache.k, cache.v = [pick(t, keep) for t in cache.k], [pick(t, keep) for t in cache.v]
+    cache.pos = cache.pos[keep]
+    return out
+
+
 class KVCache(Rows):
     """Contiguous cache: per layer keys and values (B, Hkv, max_len, D), allocated once, written by index.
 
@@ -213,19 +231,18 @@ class KVCache(Rows):
         return self.batch_size - 1
 
     def take(self, rows) -> "KVCache":
-        rows = list(rows)
-        keep = [r for r in range(self.batch_size) if r not in set(rows)]
-        out = KVCache([t[rows] for t in self.k], [t[rows] for t in self.v], self.pos[rows].clone())
-        self.k, self.v = [t[keep] for t in self.k], [t[keep] for t in self.v]
-        self.pos = self.pos[keep]
+        out = type(self)(*_split_rows(self, list(rows)))
         return out
 
     def release(self, row: int) -> None:
-        self.take([row])
+        _split_rows(self, [row])
 
     def extend(self, other: "KVCache") -> None:
-        if other.max_len != self.max_len:
-            raise AttnlabError(f"cannot join caches of max_len {other.max_len} and {self.max_len}")
+        if other.k[0].shape[2] != self.k[0].shape[2]:
+            raise AttnlabError(f"cannot join caches of {other.k[0].shape[2]} and {self.k[0].shape[2]} slots per row")
+        if self.batch_size == 0:  # adopt the other's tensors: no copy
+            self.k, self.v, self.pos = other.k, other.v, other.pos
+            return
         self.k = [torch.cat([a, b]) for a, b in zip(self.k, other.k)]
         self.v = [torch.cat([a, b]) for a, b in zip(self.v, other.v)]
         self.pos = torch.cat([self.pos, other.pos])
@@ -306,16 +323,6 @@ class RollingKVCache(KVCache):
                                             self.k[0].dtype, self.k[0].device))
         return self.batch_size - 1
 
-    def take(self, rows) -> "RollingKVCache":
-        out = super().take(rows)
-        return RollingKVCache(out.k, out.v, out.pos)
-
-    def extend(self, other: "RollingKVCache") -> None:
-        if other.window != self.window:
-            raise AttnlabError(f"cannot join rings of window {other.window} and {self.window}")
-        self.k = [torch.cat([a, b]) for a, b in zip(self.k, other.k)]
-        self.v = [torch.cat([a, b]) for a, b in zip(self.v, other.v)]
-        self.pos = torch.cat([self.pos, other.pos])
 
 
 class FixedState(Rows):
@@ -381,6 +388,9 @@ class FixedState(Rows):
         self.take([row])
 
     def extend(self, other) -> None:
+        if self.batch_size == 0:  # adopt the other's tensors: no copy
+            self.t, self.pos = other.t, other.pos
+            return
         self.t = {k: torch.cat([t, other.t[k]], dim=1) for k, t in self.t.items()}
         self.pos = torch.cat([self.pos, other.pos])
 
