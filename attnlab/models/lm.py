@@ -95,7 +95,7 @@ class LanguageModel(nn.Module):
         sliding ring, or a fixed-size linear / SSM state."""
         cfg = self.cfg
         ref = self.tok_emb.weight
-        dtype, device = dtype or ref.dtype, device or ref.device
+        dtype, device = dtype or getattr(self, "cache_dtype", None) or ref.dtype, device or ref.device
         if cfg.family == "linear":
             return new_linear_state(cfg, batch_size, dtype, device)
         if cfg.family == "ssm":
@@ -118,7 +118,7 @@ class LanguageModel(nn.Module):
         """A block pool for paged caches (``new_state(..., pool=)``); shared by every sequence it serves."""
         ref = self.tok_emb.weight
         return BlockPool(self.cfg.n_layers, n_blocks, block_size, self.cfg.n_kv_heads, self.cfg.head_dim,
-                         dtype or ref.dtype, device or ref.device)
+                         dtype or getattr(self, "cache_dtype", None) or ref.dtype, device or ref.device)
 
     def forward(self, tokens: torch.Tensor, state: State | None = None, last_only: bool = False,
                 lengths: torch.Tensor | None = None):
