@@ -235,3 +235,18 @@ def test_sample_continuations_are_prompts_from_the_text_and_greedy_continuations
         assert any(text[i:i + 12] == prompt for i in range(len(text) - 11))
         assert s[12:] == generate(model, prompt, 6).tokens
     assert sample_continuations(model, ids, 5, 12, 6, seed=4, batch=5) == seqs  # seeded; batching changes nothing
+
+
+@pytest.mark.parametrize("family", ["transformer", "gru", "linear"])
+def test_engine_without_prefix_reuse_recomputes_every_turn(family):
+    """prefix_reuse=False (claim 12's baseline): same outputs, nothing taken from a cache."""
+    from attnlab.engine.engine import Engine
+
+    model = lively(family=family, dim=64, n_heads=4)
+    engine = Engine(model, None, prefix_reuse=False)
+    first = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    a = engine.generate(first, 6)
+    follow = first + a.tokens + [3, 4]
+    b = engine.generate(follow, 6)
+    assert a.tokens == generate(model, first, 6).tokens and b.tokens == generate(model, follow, 6).tokens
+    assert a.stats.reused_prefix_tokens == b.stats.reused_prefix_tokens == 0

@@ -146,10 +146,9 @@ class Scheduler:
         while self.waiting and len(self.prefilling) + len(self.running) < self.max_batch:
             seq = self.waiting[0]
             if seq.state is not None:  # a caller-supplied state holding the prompt's first tokens
-                given = seq.state
-                seq.state = None
-                self.prefill_state.extend(given)
+                given, seq.state = seq.state, None
                 seq.fed = seq.cached_tokens = int(given.pos[0])
+                self.prefill_state.extend(given)  # (a paged state hands its rows over and is left empty)
             elif self.pool is not None:
                 if self.prefilling or self.running:  # wait for blocks rather than fail (an idle pool tries anyway)
                     # keep a block of headroom per running sequence, so that admitting does not starve decoding

@@ -98,7 +98,9 @@ class Rows:
     @property
     def uniform(self) -> bool:
         """Every row at the same position with the same number of new tokens: one slice serves them all."""
-        return self._lengths is None and bool((self.pos == self.pos[0]).all()) if self.batch_size else True
+        if self._lengths is not None:
+            return False
+        return self.batch_size <= 1 or bool((self.pos == self.pos[0]).all())
 
     def valid_mask(self, device) -> torch.Tensor | None:
         """(B, T) True on real tokens, or None when all are real."""
@@ -185,18 +187,22 @@ class KVCache(Rows):
 
     def begin(self, tokens, lengths=None):
         positions = self._begin(tokens, lengths)
+        if self.uniform:  # one slice for every row (the common case: one sequence, or a batch in step)
+            end = (int(self.pos[0]) if self.batch_size else 0) + self._T
+            if end > self.max_len:
+                raise AttnlabError(f"KV cache full: {end} tokens > max_len {self.max_len}; "
+                                   "allocate the state with a larger max_len")
+            self._plan = None
+            return positions
         need = self.pos + (self._T if self._lengths is None else self._lengths)
-        if self.batch_size and int(need.max()) > self.max_len:
+        if int(need.max()) > self.max_len:
             raise AttnlabError(f"KV cache full: {int(need.max())} tokens > max_len {self.max_len}; "
                                "allocate the state with a larger max_len")
-        dev = self.k[0].device
-        if self.uniform:
-            self._plan = None
-        else:  # ragged: write each real token at its own slot; keys visible up to each row's new length
-            valid = torch.arange(self._T)[None, :] < (need - self.pos)[:, None]  # (B, T)
-            rows, cols = valid.nonzero(as_tuple=True)
-            self._plan = (rows.to(dev), positions[rows, cols].to(dev), valid.reshape(-1).to(dev), need.tolist(),
-                          (need - self.pos).tolist())
+        dev = self.k[0].device  # ragged: each real token written at its own slot; each row attends to its keys
+        valid = torch.arange(self._T)[None, :] < (need - self.pos)[:, None]  # (B, T)
+        rows, cols = valid.nonzero(as_tuple=True)
+        self._plan = (rows.to(dev), positions[rows, cols].to(dev), valid.reshape(-1).to(dev), need.tolist(),
+                      (need - self.pos).tolist())
         return positions
 
     def attention(self, layer: int, q, k, v, run):
