@@ -40,12 +40,21 @@ class WorkDepthTracer(TorchDispatchMode):
         super().__init__()
         self.result = TraceResult()
         self._depth: dict[int, int] = {}
+        self._alive: list = []
+        self._alive_storages: dict = {}
 
     def _key(self, t: torch.Tensor) -> int:
+        """The tensor's storage (views share it). Storages seen are kept alive for the trace: a freed storage's
+        address can be handed to a new one, which would then inherit a stale depth. (Keying by the id of
+        ``untyped_storage()`` was wrong: that is a fresh wrapper object on every call, its id soon reused.)"""
         try:
-            return t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t.untyped_storage())
+            storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
+            self._alive.append(t)
             return id(t)
+        key = storage._cdata
+        self._alive_storages.setdefault(key, storage)
+        return key
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
