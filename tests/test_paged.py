@@ -149,3 +149,31 @@ def test_sequences_join_and_leave_a_running_batch_with_outputs_unchanged():
         sched.step()
     for s, (p, n, sp) in zip(seqs, specs):
         assert s.tokens == generate(model, p, n, sp).tokens
+
+
+def test_a_request_that_does_not_fit_leaves_the_engine_usable():
+    """An out-of-blocks failure must not leave a row or a block behind for the next request."""
+    from attnlab.engine.engine import Engine
+
+    model = _model()
+    engine = Engine(model, kv_blocks=2, block_size=4)
+    engine.generate(list(range(1, 8)), 1)
+    with pytest.raises(OutOfBlocks):
+        engine.generate([1, 2, 3, 4, 5, 6, 9, 9, 9, 9], 1)
+    assert engine.generate([3, 3], 1).tokens == generate(model, [3, 3], 1).tokens
+    assert all(r == 0 for r in engine.scheduler.pool.ref)
+
+
+def test_growing_in_place_never_evicts_a_cached_prefix():
+    model = _model()
+    pool = model.new_pool(n_blocks=12, block_size=4)
+    state = model.new_state(0, pool=pool)
+    with torch.no_grad():
+        for n in (8, 8):
+            _advance(state, state.add_sequence(), n, model)
+        cached = [b for t in state.tables for b in t]
+        state.release(1)
+        state.release(0)  # both prefixes now sit in the pool, keyed and free
+        _advance(state, state.add_sequence(), 30, model)  # 8 blocks: fits in the 8 free blocks without keys
+    assert not set(cached) & set(state.tables[0])
+    assert all(pool.key[b] is not None for b in cached)

@@ -109,3 +109,11 @@ def test_speculative_on_a_ragged_batch_keeps_greedy_output(proposer):
     assert [c.tokens for c in out.completions] == [generate(target, p, 30).tokens for p in prompts]
     assert out.stats.rounds > 0 and out.stats.proposed > 0
     assert set(out.stats.to_dict()) >= {"rounds", "proposed", "accepted"}
+
+
+def test_a_sliding_window_target_or_draft_is_refused():
+    sliding = lively(0, kernel="sliding", window=8)
+    with pytest.raises(AttnlabError, match="rolled back"):
+        speculative_generate(sliding, [1, 2, 3], 10, k=2, prompt_lookup=True)
+    with pytest.raises(AttnlabError, match="rolled back"):
+        speculative_generate(lively(0), [1, 2, 3], 10, k=2, draft=sliding)

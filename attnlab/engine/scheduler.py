@@ -161,8 +161,6 @@ class Scheduler:
                 self.prefill_state.add_sequence()
             self.waiting.popleft()
             self.prefilling.append(seq)
-            if self.proposer is not None:
-                self.proposer.admit(seq)
 
     def _blocks_for(self, context: list[int]) -> int:
         """Blocks a context needs to be prefilled and take its first decode step."""
@@ -182,7 +180,7 @@ class Scheduler:
         try:
             logits, _ = self.model(tokens, self.prefill_state, last_only=True, lengths=lengths)
         except OutOfBlocks:
-            return self._preempt_for(self.prefilling[-1])
+            return self._preempt()
         events, done_rows = [], []
         for r, seq in enumerate(self.prefilling):
             seq.fed += len(pieces[r])
@@ -217,7 +215,7 @@ class Scheduler:
         try:
             logits, _ = self.model(tokens, self.state, lengths=None if T == 1 else lengths)
         except OutOfBlocks:  # make room by preempting the newest, then decode the rest in this same step
-            self._preempt_for(seqs[-1])
+            self._preempt()
             return self._decode() if self.running else []
         events = []
         plain = {r for r, seq in enumerate(seqs) if not drafts[r] and seq.params.greedy
@@ -299,7 +297,7 @@ class Scheduler:
             state.release(row)
         group.pop(row)
 
-    def _preempt_for(self, seq: Sequence) -> list[Event]:
+    def _preempt(self) -> list[Event]:
         """Out of KV blocks: put the newest running (or prefilling) sequence back at the head of the queue; it
         is recomputed from its text when blocks free up (preemption by recompute). Nothing it produced is lost."""
         group, state = (self.running, self.state) if self.running else (self.prefilling, self.prefill_state)

@@ -101,8 +101,6 @@ class LookupProposer:
     def __init__(self, k: int, ngram: tuple[int, int] = (2, 4)):
         self.k, self.ngram = k, ngram
 
-    def admit(self, seq) -> None: ...
-
     def joined(self, seqs) -> None: ...
 
     def release(self, row: int) -> None: ...
@@ -121,13 +119,12 @@ class DraftProposer:
     running sequence, in the scheduler's order, rolled back to the accepted text after every round."""
 
     def __init__(self, model, k: int, max_len: int):
-        if model.cfg.is_recurrent:
-            raise AttnlabError("the draft must be a transformer (its cache is rolled back after rejections)")
+        if model.cfg.family != "transformer" or model.cfg.kernel == "sliding":
+            raise AttnlabError("the draft must be a softmax transformer without the sliding kernel (its cache is "
+                               "rolled back after rejections)")
         self.model, self.k, self.max_len = model, k, max_len
         self.device = next(model.parameters()).device
         self.state = model.new_state(0, max_len)
-
-    def admit(self, seq) -> None: ...
 
     def joined(self, seqs) -> None:
         for _ in seqs:  # new rows start empty: their first proposal feeds the whole text
@@ -210,8 +207,11 @@ def make_proposer(target, k: int, draft=None, prompt_lookup: bool = False, looku
         raise AttnlabError(f"lookup_ngram={lookup_ngram}: need 1 <= min <= max")
     if params.repetition_penalty != 1.0:
         raise AttnlabError("speculative decoding does not support a repetition penalty (it changes p per token)")
-    if target.cfg.is_recurrent:
-        raise AttnlabError("speculative decoding needs a transformer target (its KV cache is rolled back)")
+    for role, m in (("target", target), ("draft", draft)):
+        if m is not None and (m.cfg.family != "transformer" or m.cfg.kernel == "sliding"):
+            raise AttnlabError(f"speculative decoding needs a {role} whose KV cache can be rolled back: a softmax "
+                               f"transformer without the sliding kernel (got family={m.cfg.family!r}, "
+                               f"kernel={m.cfg.kernel!r})")
     if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
         raise AttnlabError(f"the draft's vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                            f"({target.cfg.vocab_size}); use a draft trained with the same tokenizer")

@@ -70,28 +70,21 @@ class BlockPool:
         return self.bytes_per_block * self.n_blocks
 
     def allocate(self, after: int | None = None) -> int:
-        """A free block: the one right after ``after`` if it is free (a sequence's blocks stay a run, read
-        as a view instead of copied), else for a sequence's first block (after=-1) the middle of the largest
-        free gap (room to grow in place), else the lowest free block without a key, else the oldest keyed one."""
+        """A free block: the one right after ``after`` if it is free and has no key (a sequence's blocks stay a
+        run, read as a view instead of copied), else for a sequence's first block (after=-1) the middle of the
+        largest gap of such blocks (room to grow in place; the gap's start when it begins at block 0), else the
+        lowest free block without a key, else the oldest keyed one (its cached prefix is evicted)."""
         b = None
-        if after is not None and after >= 0 and after + 1 < self.n_blocks and self.ref[after + 1] == 0 \
-                and not self._taken(after + 1):
+        if after is not None and after >= 0 and after + 1 in self._in_heap:  # free and without a key
             b = after + 1
         elif after == -1:
             b = self._gap_middle()
         if b is not None:
-            if b in self._cached:
-                del self._cached[b]
-                self._forget(b)
-            else:
-                self._in_heap.discard(b)
+            self._in_heap.discard(b)
         else:
             b = self._pop_free()
         self.ref[b] = 1
         return b
-
-    def _taken(self, b: int) -> bool:
-        return b not in self._in_heap and b not in self._cached
 
     def _pop_free(self) -> int:
         while self._clean:
@@ -101,7 +94,7 @@ class BlockPool:
                 return b
         if self._cached:
             b, _ = self._cached.popitem(last=False)
-            self._forget(b)
+            self.forget(b)
             return b
         raise OutOfBlocks(f"the KV pool's {self.n_blocks} blocks of {self.block_size} tokens are all in use; "
                           "allocate more blocks, or wait for a sequence to finish")
@@ -136,15 +129,15 @@ class BlockPool:
             else:
                 self._cached[b] = None
 
-    def _forget(self, b: int) -> None:
+    def forget(self, b: int) -> None:
         if self.key[b] is not None and self.by_key.get(self.key[b]) == b:
             del self.by_key[self.key[b]]
-            self.children.get(self.parent[b], set()).discard(b)
+            siblings = self.children.get(self.parent[b])
+            if siblings is not None:
+                siblings.discard(b)
+                if not siblings:
+                    del self.children[self.parent[b]]
         self.key[b] = self.tokens[b] = self.parent[b] = None
-
-    def unregister(self, b: int) -> None:
-        """Its contents are about to change: it no longer holds the prefix its key names."""
-        self._forget(b)
 
     def register(self, b: int, key: int, tokens: tuple, parent: int | None) -> None:
         if key in self.by_key or self.key[b] is not None:
@@ -240,11 +233,14 @@ class PagedKVCache(Rows):
                 pool.incref(best)  # hold it while copying: allocate() must not evict it
                 try:
                     dst = pool.allocate(self.tables[row][-1] if self.tables[row] else -1)
+                except OutOfBlocks:
+                    dst = None  # no room for the copy: those tokens are prefilled instead
                 finally:
                     pool.decref(best)
-                pool.copy_block(best, dst, best_m)
-                self.tables[row].append(dst)
-                n += best_m
+                if dst is not None:
+                    pool.copy_block(best, dst, best_m)
+                    self.tables[row].append(dst)
+                    n += best_m
         self.history[row] = prompt[:n]
         self.pos[row] = n
 
@@ -262,7 +258,8 @@ class PagedKVCache(Rows):
         self._drop([row])
 
     def _drop(self, rows) -> None:
-        keep = [r for r in range(self.batch_size) if r not in set(rows)]
+        gone = set(rows)
+        keep = [r for r in range(self.batch_size) if r not in gone]
         self.tables = [self.tables[r] for r in keep]
         self.history = [self.history[r] for r in keep]
         self.keys = [self.keys[r] for r in keep]
@@ -312,7 +309,7 @@ class PagedKVCache(Rows):
             pool.decref(b)
             self.tables[row][i] = dst
         elif pool.key[b] is not None:
-            pool.unregister(b)
+            pool.forget(b)  # its contents are about to change: drop its key
 
     def begin(self, tokens, lengths=None):
         positions = self._begin(tokens, lengths)

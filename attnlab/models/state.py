@@ -47,7 +47,7 @@ class State(Protocol):
 
     def add_sequence(self) -> int: ...  # a new empty sequence as the last row; returns its row
 
-    def release(self, row: int) -> None: ...  # drop a row (later rows move up by one); its memory is freed
+    def release(self, row: int) -> None: ...  # drop a row (later rows move up); paged: its blocks are freed
 
     def take(self, rows: Sequence[int]) -> "State": ...  # move rows out into a state of their own
 
@@ -129,8 +129,10 @@ def per_row_attention(q, k_rows, v_rows, ends: list[int], news: list[int], run) 
 
 def _split_rows(cache: "KVCache", rows: list[int]):
     """Remove `rows` from a contiguous cache; return (k, v, pos) of the removed rows. Rows that stay are
-    copied only when rows before them leave (a slice otherwise), and taking every row copies nothing."""
-    keep = [r for r in range(cache.batch_size) if r not in set(rows)]
+    copied only when rows before them leave (a slice otherwise), and taking every row copies nothing; a slice
+    keeps the whole allocation alive until the last of its rows goes."""
+    gone = set(rows)
+    keep = [r for r in range(cache.batch_size) if r not in gone]
 
     def pick(t, idx):
         if not idx:
@@ -227,9 +229,6 @@ class KVCache(Rows):
         if bool((new < 0).any()) or bool((new > self.pos).any()):
             raise AttnlabError(f"cannot roll a KV cache at {self.pos.tolist()} back to {new.tolist()}")
         self.pos = new
-
-    def reset(self) -> None:
-        self.pos = torch.zeros_like(self.pos)
 
     def add_sequence(self) -> int:
         self.extend(KVCache.allocate(len(self.k), 1, self.k[0].shape[1], self.max_len, self.k[0].shape[3],
@@ -372,9 +371,6 @@ class FixedState(Rows):
                 t[:, b].zero_()
         self.pos = new
 
-    def reset(self) -> None:
-        self.rollback(0)
-
     def clone(self):
         return type(self)({k: t.clone() for k, t in self.t.items()}, self.pos.clone())
 
@@ -384,7 +380,8 @@ class FixedState(Rows):
 
     def take(self, rows):
         rows = list(rows)
-        keep = [r for r in range(self.batch_size) if r not in set(rows)]
+        gone = set(rows)
+        keep = [r for r in range(self.batch_size) if r not in gone]
         out = type(self)({k: t[:, rows] for k, t in self.t.items()}, self.pos[rows].clone())
         self.t = {k: t[:, keep] for k, t in self.t.items()}
         self.pos = self.pos[keep]
