@@ -167,6 +167,18 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from attnlab.serve.app import ServeConfig
+    from attnlab.serve.server import serve
+
+    set_threads(args.threads)
+    warn_if_emulated("serve", args.dtype)
+    cfg = ServeConfig(host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
+                      kv_blocks=args.kv_blocks, prefill_chunk=args.prefill_chunk or None, api_key=args.api_key,
+                      max_tokens_cap=args.max_tokens_cap, drain_s=args.drain_s, model_name=args.model_name)
+    return serve(args.checkpoint, cfg, args.dtype, args.log_level)
+
+
 def describe(cfg) -> dict:
     """Parameter count and state size for a config, built on the meta device (no memory)."""
     import torch
@@ -315,6 +327,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (continuous batching, prefix cache, live page)")
+    p.add_argument("checkpoint", help="attnlab checkpoint folder or Hugging Face model folder")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch", type=int, default=32, help="sequences decoded together at most")
+    p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot; past it: 429")
+    p.add_argument("--kv-blocks", type=int, help="KV-cache blocks of 16 tokens (default: max-batch full contexts)")
+    p.add_argument("--prefill-chunk", type=int, default=256,
+                   help="prompt tokens fed per step, so a long prompt does not stall others' streams (0: whole)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 and /api")
+    p.add_argument("--max-tokens-cap", type=int, default=4096, help="largest max_tokens a request may ask for")
+    p.add_argument("--drain-s", type=float, default=30.0, help="on SIGTERM, seconds running requests may finish")
+    p.add_argument("--model-name", help="the model's name in the API (default: the folder's name)")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "int8"))
+    p.add_argument("--threads", type=int)
+    p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("info", help="parameters, state bytes and config of a checkpoint or preset")
     p.add_argument("target", help="checkpoint folder, config.json or preset name")

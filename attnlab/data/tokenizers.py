@@ -15,7 +15,8 @@ class ByteTokenizer:
     name = "byte"
     vocab_size = 256
 
-    def encode(self, data: bytes | str) -> list[int]:
+    def encode(self, data: bytes | str, special: bool = True) -> list[int]:
+        """``special`` is accepted for a common signature: bytes have no special tokens to add."""
         return list(data.encode("utf-8") if isinstance(data, str) else bytes(data))
 
     def decode(self, ids: Iterable[int]) -> bytes:
@@ -70,14 +71,16 @@ class BPETokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
-    def encode(self, data: bytes | str) -> list[int]:
+    def encode(self, data: bytes | str, special: bool = True) -> list[int]:
+        """``special=False``: no BOS/EOS from the tokenizer's post-processor (a rendered chat template holds its
+        own special tokens already)."""
         if isinstance(data, bytes):
             try:
                 data = data.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise DataError(f"BPE tokenizer needs valid UTF-8 text ({e}); use the byte tokenizer for "
                                 "arbitrary bytes") from None
-        return self._tok.encode(data).ids
+        return self._tok.encode(data, add_special_tokens=special).ids
 
     def decode(self, ids: Iterable[int]) -> bytes:
         return self.decode_text(ids).encode("utf-8")

@@ -49,6 +49,8 @@ class Sequence:
     submitted: float = 0.0
     gen: torch.Generator | None = None
     preemptions: int = 0
+    top_logprobs: int = 0  # alternatives to report per token (the server's logprobs option)
+    tops: list = field(default_factory=list)  # per token: [(token, logprob)] of the top_logprobs most likely
 
     @property
     def context(self) -> list[int]:
@@ -72,6 +74,7 @@ class Event:
     token: int
     logprob: float
     finished: bool
+    top: list | None = None  # [(token, logprob)] alternatives, when the sequence asked for them
 
 
 class Scheduler:
@@ -219,7 +222,7 @@ class Scheduler:
             return self._decode() if self.running else []
         events = []
         plain = {r for r, seq in enumerate(seqs) if not drafts[r] and seq.params.greedy
-                 and seq.params.repetition_penalty == 1.0}
+                 and seq.params.repetition_penalty == 1.0 and not seq.top_logprobs}
         if plain:  # greedy rows with nothing to verify: one argmax and one log-softmax for all of them
             order = sorted(plain)
             rows = logits[order, 0].float()  # (b, V)
@@ -257,23 +260,30 @@ class Scheduler:
             sel = torch.tensor([[t] for t, _ in chosen], device=rows.device)
             picked = rows[[i for _, i in chosen]].float()
             logps = (picked.gather(1, sel) - torch.logsumexp(picked, -1, keepdim=True))[:, 0].tolist()
-        return self._append(seq, [(tok, lp) for (tok, _), lp in zip(chosen, logps)])
+        tops = None
+        if seq.top_logprobs:  # the most likely alternatives under the raw model, for each appended token
+            src = torch.stack(logit_rows) if rows is None else rows[[i for _, i in chosen]]
+            vals, idx = torch.log_softmax(src.float(), -1).topk(min(seq.top_logprobs, src.shape[-1]), -1)
+            tops = [list(zip(i.tolist(), v.tolist())) for i, v in zip(idx, vals)]
+        return self._append(seq, [(tok, lp) for (tok, _), lp in zip(chosen, logps)], tops)
 
-    def _append(self, seq: Sequence, new: list[tuple[int, float]]) -> list[Event]:
+    def _append(self, seq: Sequence, new: list[tuple[int, float]], tops: list | None = None) -> list[Event]:
         """Give seq its new (token, logprob) pairs until it stops; one event each."""
         now = time.perf_counter() - seq.submitted
         events = []
-        for tok, lp in new:
+        for i, (tok, lp) in enumerate(new):
             if seq.done:
                 break
             seq.tokens.append(tok)
             seq.logprobs.append(lp)
             seq.stamps_s.append(now)
+            if tops is not None:
+                seq.tops.append(tops[i])
             if seq.stopper.done(seq.tokens):
                 seq.finish_reason = "stop"
             elif len(seq.tokens) >= seq.max_new_tokens:
                 seq.finish_reason = "length"
-            events.append(Event(seq, tok, lp, seq.done))
+            events.append(Event(seq, tok, lp, seq.done, tops[i] if tops is not None else None))
         return events
 
     def _sample(self, seq: Sequence, logits: torch.Tensor):

@@ -1,0 +1,337 @@
+"""The HTTP API: OpenAI-compatible completions and chat, models, health, metrics, and the live page.
+
+Every request body is read by hand (size limit, UTF-8, JSON) and checked strictly before any compute; a bad
+one gets 400 (413 when too large) in OpenAI's error shape and touches nothing shared. With ``--api-key``
+every /v1 and /api route needs ``Authorization: Bearer KEY``, compared in constant time.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from attnlab.serve import completion as C
+from attnlab.serve.metrics import Metrics
+from attnlab.serve.protocol import ApiError, ChatRequest, CompletionRequest, parse_body
+from attnlab.serve.worker import Worker
+
+STATIC = Path(__file__).parent / "static"
+
+
+@dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch: int = 32
+    max_queue: int = 256
+    kv_blocks: int | None = None  # None: room for max_batch sequences of the full context
+    block_size: int = 16
+    prefill_chunk: int | None = 256  # prompt tokens fed per step; None: a whole prompt in one step
+    api_key: str | None = None
+    max_tokens_cap: int = 4096
+    max_body_bytes: int = 1 << 20
+    drain_s: float = 30.0
+    model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        from attnlab.errors import ConfigError
+
+        for name in ("max_batch", "max_queue", "block_size", "max_tokens_cap", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 1")
+        if self.kv_blocks is not None and self.kv_blocks < 2:
+            raise ConfigError(f"--kv-blocks {self.kv_blocks} must be >= 2")
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
+            raise ConfigError(f"--prefill-chunk {self.prefill_chunk} must be >= 1 (omit it for whole prompts)")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"--port {self.port} must be in 0..65535")
+        if self.drain_s < 0:
+            raise ConfigError(f"--drain-s {self.drain_s} must be >= 0")
+
+
+class _DisconnectAware(StreamingResponse):
+    """Stops streaming as soon as the client goes away, even while no token is being sent (a queued request):
+    the newer ASGI path only notices a disconnect on the next send."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        async with anyio.create_task_group() as tg:
+            async def stream() -> None:
+                try:
+                    await self.stream_response(send)
+                except OSError:
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stream)
+            await self.listen_for_disconnect(receive)
+            tg.cancel_scope.cancel()
+
+
+def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None) -> FastAPI:
+    worker = worker or Worker(served.model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, kv_blocks=cfg.kv_blocks,
+                              block_size=cfg.block_size, prefill_chunk=cfg.prefill_chunk,
+                              cache_dtype=getattr(served.model, "cache_dtype", None))
+    metrics = Metrics(worker)
+    app = FastAPI(title="attnlab", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.served, app.state.worker, app.state.cfg, app.state.metrics = served, worker, cfg, metrics
+    model_cfg = served.model.cfg
+    context = None if model_cfg.is_recurrent else model_cfg.max_seq_len
+
+    @app.on_event("startup")
+    async def _start() -> None:
+        if not worker.thread.is_alive():
+            worker.start()
+
+    @app.on_event("shutdown")
+    async def _stop() -> None:
+        await asyncio.to_thread(worker.stop)
+
+    def error(err: ApiError, endpoint: str) -> JSONResponse:
+        metrics.requests.labels(endpoint, str(err.status)).inc()
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    def auth(request: Request) -> None:
+        if cfg.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        token = given[7:] if given.lower().startswith("bearer ") else ""
+        if not hmac.compare_digest(token.encode(), cfg.api_key.encode()):
+            raise ApiError(401, "missing or wrong API key; send 'Authorization: Bearer KEY'", None,
+                           "invalid_api_key", "authentication_error")
+
+    async def read_body(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
+            raise ApiError(413, f"the request body of {declared} bytes exceeds the limit of {cfg.max_body_bytes}",
+                           None, "body_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cfg.max_body_bytes:
+                raise ApiError(413, f"the request body exceeds the limit of {cfg.max_body_bytes} bytes", None,
+                               "body_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != served.name:
+            raise ApiError(404, f"model {name!r} does not exist; this server serves {served.name!r} "
+                           "(GET /v1/models)", "model", "model_not_found")
+
+    def limit_tokens(prompt_len: int, asked: int | None, default: int | None) -> int:
+        """Check the prompt and max_tokens against the context, the cap and the KV pool; -> max_tokens."""
+        if prompt_len == 0:
+            raise ApiError(400, "the prompt is empty; give at least one token of text", "prompt", "empty_prompt")
+        if context is not None and prompt_len >= context:
+            raise ApiError(400, f"the prompt has {prompt_len} tokens; the model's context is {context} tokens, which "
+                           "must also hold at least one output token; shorten the prompt", "prompt", "context_length")
+        room = cfg.max_tokens_cap if context is None else min(cfg.max_tokens_cap, context - prompt_len)
+        n = asked if asked is not None else (default if default is not None else room)
+        if asked is not None:
+            if n < 1:
+                raise ApiError(400, f"max_tokens={n} must be >= 1", "max_tokens", "invalid_value")
+            if n > cfg.max_tokens_cap:
+                raise ApiError(400, f"max_tokens={n} is above this server's cap of {cfg.max_tokens_cap}",
+                               "max_tokens", "invalid_value")
+            if context is not None and prompt_len + n > context:
+                raise ApiError(400, f"the prompt's {prompt_len} tokens + max_tokens {n} = {prompt_len + n} exceed "
+                               f"the model's context of {context} tokens; ask for at most {context - prompt_len}",
+                               "max_tokens", "context_length")
+        n = min(n, room)
+        pool = worker.pool
+        if pool is not None:
+            need = -(-(prompt_len + n) // pool.block_size)
+            if need > pool.n_blocks:
+                raise ApiError(400, f"this request needs {need} KV blocks of {pool.block_size} tokens; the server's "
+                               f"pool holds {pool.n_blocks}; lower max_tokens or restart with a larger --kv-blocks",
+                               "max_tokens", "kv_capacity")
+        return n
+
+    def encode_prompt(prompt) -> list[int]:
+        if isinstance(prompt, list):
+            vocab = model_cfg.vocab_size
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise ApiError(400, f"prompt token ids {bad[:3]} are outside the vocabulary 0..{vocab - 1}", "prompt",
+                               "invalid_value")
+            return list(prompt)
+        if served.tokenizer is None:
+            raise ApiError(400, "this model folder has no tokenizer.json: send the prompt as a list of token ids",
+                           "prompt", "no_tokenizer")
+        if prompt == "":
+            return []
+        return served.tokenizer.encode(prompt)
+
+    def finished(endpoint: str):
+        def record(run: C.Run) -> None:
+            metrics.requests.labels(endpoint, "200").inc()
+            metrics.prompt_tokens.inc(len(run.seq.prompt))
+            metrics.generation_tokens.inc(len(run.seq.tokens))
+            if run.first_s is not None:
+                metrics.ttft.observe(run.first_s)
+            if len(run.seq.tokens) > 1 and run.last_s is not None:
+                metrics.tpot.observe((run.last_s - run.first_s) / (len(run.seq.tokens) - 1))
+            if run.seq.finish_reason not in ("stop", "length"):
+                metrics.cancelled.inc()
+        return record
+
+    async def run_to_end(request: Request, run: C.Run):
+        """Non-streaming: wait for the completion, or cancel it the moment the client disconnects."""
+        async def disconnected() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        watcher = asyncio.ensure_future(disconnected())
+        work = asyncio.ensure_future(C.collect(run))
+        try:
+            done, _ = await asyncio.wait({watcher, work}, return_when=asyncio.FIRST_COMPLETED)
+            if work in done:
+                return work.result()
+            return None
+        finally:
+            watcher.cancel()
+            work.cancel()
+            run.cancel()
+
+    async def handle(request: Request, kind: str):
+        endpoint = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
+        try:
+            auth(request)
+            req = parse_body(await read_body(request), CompletionRequest if kind == "completion" else ChatRequest)
+            check_model(req.model)
+            stops = req.stops
+            if kind == "completion":
+                ids = encode_prompt(req.prompt)
+                max_tokens = limit_tokens(len(ids), req.max_tokens, None)
+                top = req.top_logprobs
+            else:
+                if served.tokenizer is None:
+                    raise ApiError(400, "chat needs a tokenizer; this model folder has no tokenizer.json", "messages",
+                                   "no_tokenizer")
+                text = served.template.render([(m.role, m.text) for m in req.messages])
+                ids = served.tokenizer.encode(text, special=False) if text else []
+                max_tokens = limit_tokens(len(ids), req.limit, None)
+                stops = stops + [s for s in served.template.stop_strings if s not in stops]
+                top = (req.top_logprobs or 0) if req.logprobs else None
+            run = C.Run(request.app.state, ids, max_tokens, req, stops, top)
+        except ApiError as err:
+            return error(err, endpoint)
+        rid = ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12)
+        if req.stream:
+            body = (C.stream_completion if kind == "completion" else C.stream_chat)(run, rid, req.include_usage,
+                                                                                    finished(endpoint))
+            return _DisconnectAware(body, media_type="text/event-stream",
+                                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        result = await run_to_end(request, run)
+        finished(endpoint)(run)
+        if result is None:  # the client is gone; nobody reads this
+            return Response(status_code=499)
+        text, events = result
+        if run.seq.finish_reason == "error":
+            return error(ApiError(500, "the engine failed while running this request; see the server log", None,
+                                  "engine_error", "server_error"), endpoint)
+        if kind == "completion":
+            choice = {"index": 0, "text": text, "finish_reason": run.finish_reason,
+                      "logprobs": C.completion_logprobs(served.tokenizer, events, 0) if run.want_logprobs else None}
+            body = {"id": rid, "object": "text_completion", "created": run.created, "model": served.name,
+                    "choices": [choice], "usage": run.usage()}
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": run.finish_reason,
+                      "logprobs": C.chat_logprobs(served.tokenizer, events) if run.want_logprobs else None}
+            body = {"id": rid, "object": "chat.completion", "created": run.created, "model": served.name,
+                    "choices": [choice], "usage": run.usage()}
+        return JSONResponse(body)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await handle(request, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await handle(request, "chat")
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        try:
+            auth(request)
+        except ApiError as err:
+            return error(err, "/v1/models")
+        metrics.requests.labels("/v1/models", "200").inc()
+        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": served.created,
+                                            "owned_by": "attnlab", "max_model_len": context}]}
+
+    @app.get("/health")
+    async def health():
+        status = 200 if worker.accepting and worker.thread.is_alive() else 503
+        return JSONResponse({"status": "ok" if status == 200 else "draining"}, status_code=status)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/api/load")
+    async def load(request: Request):
+        try:
+            auth(request)
+        except ApiError as err:
+            return error(err, "/api/load")
+        return worker.snapshot()
+
+    @app.get("/api/info")
+    async def info(request: Request):
+        try:
+            auth(request)
+        except ApiError as err:
+            return error(err, "/api/info")
+        from attnlab.runtime import cpu_name
+
+        pool = worker.pool
+        state = served.model.new_state(1, 1)
+        return {"model": served.name, "path": served.path, "family": model_cfg.family, "context": context,
+                "dtype": served.dtype, "params": sum(p.numel() for p in served.model.parameters()),
+                "kv_bytes_per_token": pool.bytes_per_block // pool.block_size if pool else state.bytes_per_token,
+                "kv_block_size": pool.block_size if pool else None, "max_batch": cfg.max_batch,
+                "prefill_chunk": cfg.prefill_chunk, "max_tokens_cap": cfg.max_tokens_cap,
+                "chat_template": served.template.origin, "cpu": cpu_name(), "auth": cfg.api_key is not None}
+
+    @app.get("/api/predict")
+    async def predict_route(request: Request, prompt_tokens: int, output_tokens: int = 1, cached_tokens: int = 0):
+        try:
+            auth(request)
+            if prompt_tokens < 1 or output_tokens < 1 or cached_tokens < 0:
+                raise ApiError(400, "prompt_tokens and output_tokens must be >= 1, cached_tokens >= 0", None,
+                               "invalid_value")
+        except ApiError as err:
+            return error(err, "/api/predict")
+        from attnlab.serve.predict import predict
+
+        dtype = served.dtype if served.dtype in ("fp32", "bf16") else "bf16"
+        return await asyncio.to_thread(predict, model_cfg, prompt_tokens, output_tokens, cached_tokens, dtype)
+
+    @app.get("/")
+    async def page():
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/static/{name}")
+    async def static(name: str):
+        path = (STATIC / name).resolve()
+        if path.parent != STATIC.resolve() or not path.is_file():
+            return JSONResponse(ApiError(404, f"no static file {name!r}", None, "not_found").body(), status_code=404)
+        return FileResponse(path, headers={"Cache-Control": "no-cache"})
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):  # unknown routes and methods, in OpenAI's shape
+        err = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", None,
+                       "not_found" if exc.status_code == 404 else "method_not_allowed")
+        return JSONResponse(err.body(), status_code=exc.status_code)
+
+    app.state.started = time.time()
+    return app

@@ -1,0 +1,55 @@
+"""``attnlab serve``: load a model folder, start the engine thread, run uvicorn; SIGTERM drains.
+
+Draining: on SIGTERM (or Ctrl-C) the server stops listening and answers any new request on an open
+connection with 503; running requests go on to their end for up to ``drain_s`` seconds, after which
+uvicorn cancels them (each stream's sequence is cancelled and its blocks freed); then the engine thread
+stops and the process exits 0.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from attnlab.serve.app import ServeConfig, create_app
+from attnlab.serve.chat import load_template
+from attnlab.serve.completion import Served
+
+log = logging.getLogger("attnlab.serve")
+
+
+def load_served(path: str, dtype: str = "fp32", name: str | None = None) -> Served:
+    from attnlab.engine.quantize import set_precision
+    from attnlab.loading import load_any
+
+    loaded = load_any(path)
+    model = set_precision(loaded.model, dtype)
+    return Served(model=model, tokenizer=loaded.tokenizer, stop_tokens=loaded.stop_tokens,
+                  template=load_template(path), name=name or Path(path).resolve().name, path=str(path), dtype=dtype)
+
+
+def serve(path: str, cfg: ServeConfig, dtype: str = "fp32", log_level: str = "warning") -> int:
+    import uvicorn
+
+    served = load_served(path, dtype, cfg.model_name)
+    app = create_app(served, cfg)
+    worker = app.state.worker
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            worker.accepting = False  # new requests on kept-alive connections: 503 while the rest finish
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=cfg.drain_s, lifespan="on")
+    server = DrainingServer(config)
+    pool = worker.pool
+    kv = (f"{pool.n_blocks} KV blocks x {pool.block_size} tokens ({pool.nbytes / 2**20:.0f} MiB)" if pool
+          else "a contiguous state per sequence")
+    auth = ", API key required" if cfg.api_key else ""
+    print(f"attnlab serve: {served.name} ({served.model.cfg.family}, {dtype}) on http://{cfg.host}:{cfg.port} "
+          f"- max batch {cfg.max_batch}, queue {cfg.max_queue}, {kv}, prefill chunk {cfg.prefill_chunk}{auth}",
+          file=sys.stderr, flush=True)
+    server.run()
+    print("attnlab serve: drained and stopped", file=sys.stderr, flush=True)
+    return 0

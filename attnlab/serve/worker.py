@@ -1,0 +1,187 @@
+"""The engine thread: one ``Scheduler`` stepped in a loop, fed by the HTTP side through an inbox.
+
+Why a thread: a step is one batched forward (tens of milliseconds of torch work that releases the GIL), and
+the asyncio loop must keep accepting, streaming and noticing disconnects meanwhile. Only this thread touches
+the scheduler and the KV pool; the HTTP side posts "submit" and "cancel" into the inbox, which is applied
+between steps, so a cancelled sequence's blocks are free before the next step runs. Each token reaches its
+request through a callback (the HTTP side turns it into an asyncio queue put).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from attnlab.engine.scheduler import Event, Scheduler, Sequence
+
+log = logging.getLogger("attnlab.serve")
+
+
+class QueueFull(Exception):
+    """More requests are waiting than --max-queue allows."""
+
+
+class Draining(Exception):
+    """The server is shutting down and takes no new requests."""
+
+
+@dataclass
+class Totals:
+    """Counters since start, read by /metrics and the page's load panel."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache instead of a prefill
+    generated_tokens: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    step_errors: int = 0
+
+
+class Worker:
+    def __init__(self, model, *, max_batch: int, max_queue: int, kv_blocks: int | None, block_size: int = 16,
+                 prefill_chunk: int | None = None, cache_dtype=None):
+        cfg = model.cfg
+        self.model = model
+        self.max_queue = max_queue
+        pool = None
+        if cfg.family == "transformer" and cfg.kernel != "sliding":  # paged, with prefix caching
+            pool = model.new_pool(kv_blocks or max_batch * -(-cfg.max_seq_len // block_size), block_size, cache_dtype)
+        self.scheduler = Scheduler(model, max_len=cfg.max_seq_len, max_batch=max_batch, prefill_chunk=prefill_chunk,
+                                   cache_dtype=cache_dtype, pool=pool)
+        self.pool = self.scheduler.pool
+        self.totals = Totals()
+        self.accepting = True
+        self._inbox: deque = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._listeners: dict[int, Callable[[Event], None]] = {}
+        self._fresh: set[int] = set()  # sequences whose prompt is not yet counted in the totals
+        self._stop = False
+        self._idle = threading.Event()
+        self._idle.set()
+        self.thread = threading.Thread(target=self._run, name="attnlab-engine", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    # -- called from the HTTP side (any thread) -------------------------------------------------------------
+    def submit(self, seq: Sequence, on_event: Callable[[Event], None]) -> None:
+        with self._lock:
+            if not self.accepting:
+                raise Draining()
+            if self.queued >= self.max_queue:
+                raise QueueFull()
+            self._inbox.append(("submit", seq, on_event))
+            self._idle.clear()
+        self._wake.set()
+
+    def cancel(self, seq: Sequence) -> None:
+        with self._lock:
+            self._inbox.append(("cancel", seq, None))
+        self._wake.set()
+
+    @property
+    def queued(self) -> int:
+        """Requests not yet admitted to a batch (the scheduler's waiting queue plus the inbox)."""
+        return len(self.scheduler.waiting) + sum(1 for kind, _, _ in list(self._inbox) if kind == "submit")
+
+    @property
+    def running(self) -> int:
+        return len(self.scheduler.running) + len(self.scheduler.prefilling)
+
+    def snapshot(self) -> dict:
+        t = self.totals
+        out = {"running": self.running, "queued": self.queued, "max_queue": self.max_queue,
+               "max_batch": self.scheduler.max_batch, "accepting": self.accepting,
+               "prompt_tokens": t.prompt_tokens, "cached_tokens": t.cached_tokens,
+               "prefix_hit_rate": t.cached_tokens / t.prompt_tokens if t.prompt_tokens else 0.0,
+               "generated_tokens": t.generated_tokens, "preemptions": t.preemptions, "steps": t.steps}
+        if self.pool is not None:
+            out.update(kv_blocks_total=self.pool.n_blocks, kv_blocks_used=self.pool.used_blocks,
+                       kv_blocks_free=self.pool.free_blocks, kv_block_size=self.pool.block_size,
+                       kv_bytes_per_block=self.pool.bytes_per_block)
+        return out
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until nothing is queued or running (or the timeout); True when idle."""
+        return self._idle.wait(timeout_s)
+
+    def stop(self) -> None:
+        """Cancel whatever is left (each request gets its final event) and end the thread."""
+        self.accepting = False
+        self._stop = True
+        self._wake.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=30)
+
+    # -- the engine thread ------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        sched = self.scheduler
+        while True:
+            self._apply_inbox()
+            if self._stop:
+                self._cancel_all("cancelled")
+                return
+            if not sched.has_work:
+                self._idle.set()
+                self._wake.wait(0.25)
+                self._wake.clear()
+                continue
+            preempted_before = self._preempted()
+            try:
+                events = sched.step()
+            except Exception:  # a bug must not take the server down: fail the sequences in flight, go on
+                log.error("engine step failed; cancelling the sequences in flight\n%s", traceback.format_exc())
+                self.totals.step_errors += 1
+                self._cancel_all("error")
+                continue
+            self.totals.steps += 1
+            self.totals.preemptions += self._preempted() - preempted_before
+            for event in events:
+                self.totals.generated_tokens += 1
+                self._deliver(event)
+
+    def _preempted(self) -> int:
+        s = self.scheduler
+        return sum(q.preemptions for q in (*s.running, *s.prefilling, *s.waiting))
+
+    def _apply_inbox(self) -> None:
+        with self._lock:
+            items, self._inbox = list(self._inbox), deque()
+        for kind, seq, on_event in items:
+            if kind == "submit":
+                self._listeners[id(seq)] = on_event
+                self._fresh.add(id(seq))
+                self.scheduler.submit(seq)
+            elif not seq.done:  # cancel: frees the row and its blocks now, before the next step
+                self.scheduler.cancel(seq)
+                self._listeners.pop(id(seq), None)
+                self._fresh.discard(id(seq))
+
+    def _deliver(self, event: Event) -> None:
+        seq = event.seq
+        if id(seq) in self._fresh:  # its first token: the prefill (and any prefix-cache hit) is done
+            self._fresh.discard(id(seq))
+            self.totals.prompt_tokens += len(seq.prompt)
+            self.totals.cached_tokens += seq.cached_tokens
+        if event.finished:
+            callback = self._listeners.pop(id(event.seq), None)
+        else:
+            callback = self._listeners.get(id(event.seq))
+        if callback is not None:
+            callback(event)
+
+    def _cancel_all(self, reason: str) -> None:
+        sched = self.scheduler
+        for seq in [*sched.waiting, *sched.prefilling, *sched.running]:
+            sched.cancel(seq)
+            seq.finish_reason = reason
+            callback = self._listeners.pop(id(seq), None)
+            self._fresh.discard(id(seq))
+            if callback is not None:
+                callback(Event(seq, -1, 0.0, True))
+        self._idle.set()
