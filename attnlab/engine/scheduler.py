@@ -104,6 +104,7 @@ class Scheduler:
         self.prefill_state = self._new_state()
         self.state = self._new_state()
         self._next_id = 0
+        self.preemptions = 0  # since creation (the server's metrics)
 
     def _new_state(self):
         if self.pool is not None:
@@ -318,6 +319,7 @@ class Scheduler:
         self._drop(group, state, victim, keep=False)
         victim.fed = 0
         victim.preemptions += 1
+        self.preemptions += 1
         self.waiting.appendleft(victim)
         if self.proposer is not None:
             self.proposer.accepted(self.running)

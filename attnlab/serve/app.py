@@ -15,6 +15,7 @@ from pathlib import Path
 
 import anyio
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
@@ -296,6 +297,7 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
         pool = worker.pool
         state = served.model.new_state(1, 1)
         return {"model": served.name, "path": served.path, "family": model_cfg.family, "context": context,
+                "vocab_size": model_cfg.vocab_size,
                 "dtype": served.dtype, "params": sum(p.numel() for p in served.model.parameters()),
                 "kv_bytes_per_token": pool.bytes_per_block // pool.block_size if pool else state.bytes_per_token,
                 "kv_block_size": pool.block_size if pool else None, "max_batch": cfg.max_batch,
@@ -332,6 +334,13 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
         err = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", None,
                        "not_found" if exc.status_code == 404 else "method_not_allowed")
         return JSONResponse(err.body(), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def query_error(request: Request, exc: RequestValidationError):  # bad query parameters
+        first = exc.errors()[0]
+        param = ".".join(str(x) for x in first["loc"][1:]) or None
+        err = ApiError(400, f"{param}: {first['msg'].lower()}", param, "invalid_value")
+        return JSONResponse(err.body(), status_code=400)
 
     app.state.started = time.time()
     return app

@@ -7,8 +7,11 @@ stops and the process exits 0.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from attnlab.serve.app import ServeConfig, create_app
@@ -39,6 +42,23 @@ def serve(path: str, cfg: ServeConfig, dtype: str = "fp32", log_level: str = "wa
         def handle_exit(self, sig, frame) -> None:
             worker.accepting = False  # new requests on kept-alive connections: 503 while the rest finish
             super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            """uvicorn's own version re-raises the signal after shutting down, so the process dies of SIGTERM
+            (exit -15); a drained server has done what SIGTERM asks and exits 0. Ctrl-C still ends with 130."""
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = (signal.SIGINT, signal.SIGTERM)
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+            if signal.SIGINT in self._captured_signals:
+                raise KeyboardInterrupt
 
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=cfg.drain_s, lifespan="on")

@@ -131,7 +131,6 @@ class Worker:
                 self._wake.wait(0.25)
                 self._wake.clear()
                 continue
-            preempted_before = self._preempted()
             try:
                 events = sched.step()
             except Exception:  # a bug must not take the server down: fail the sequences in flight, go on
@@ -140,14 +139,10 @@ class Worker:
                 self._cancel_all("error")
                 continue
             self.totals.steps += 1
-            self.totals.preemptions += self._preempted() - preempted_before
+            self.totals.preemptions = sched.preemptions
             for event in events:
                 self.totals.generated_tokens += 1
                 self._deliver(event)
-
-    def _preempted(self) -> int:
-        s = self.scheduler
-        return sum(q.preemptions for q in (*s.running, *s.prefilling, *s.waiting))
 
     def _apply_inbox(self) -> None:
         with self._lock:
