@@ -60,20 +60,28 @@ class ServeConfig:
 
 class _DisconnectAware(StreamingResponse):
     """Stops streaming as soon as the client goes away, even while no token is being sent (a queued request):
-    the newer ASGI path only notices a disconnect on the next send."""
+    the newer ASGI path only notices a disconnect on the next send. ``on_close`` runs however the response
+    ends, also when the body was never started (the client left before the first byte)."""
+
+    def __init__(self, body, on_close, **kwargs):
+        super().__init__(body, **kwargs)
+        self.on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
-        async with anyio.create_task_group() as tg:
-            async def stream() -> None:
-                try:
-                    await self.stream_response(send)
-                except OSError:
-                    pass
-                tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                async def stream() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:
+                        pass
+                    tg.cancel_scope.cancel()
 
-            tg.start_soon(stream)
-            await self.listen_for_disconnect(receive)
-            tg.cancel_scope.cancel()
+                tg.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                tg.cancel_scope.cancel()
+        finally:
+            self.on_close()
 
 
 def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None) -> FastAPI:
@@ -173,6 +181,10 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
 
     def finished(endpoint: str):
         def record(run: C.Run) -> None:
+            run.cancel()  # a no-op for a finished run; frees an abandoned one
+            if run.recorded:
+                return
+            run.recorded = True
             metrics.requests.labels(endpoint, "200").inc()
             metrics.prompt_tokens.inc(len(run.seq.prompt))
             metrics.generation_tokens.inc(len(run.seq.tokens))
@@ -229,7 +241,7 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
         if req.stream:
             body = (C.stream_completion if kind == "completion" else C.stream_chat)(run, rid, req.include_usage,
                                                                                     finished(endpoint))
-            return _DisconnectAware(body, media_type="text/event-stream",
+            return _DisconnectAware(body, lambda: finished(endpoint)(run), media_type="text/event-stream",
                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         result = await run_to_end(request, run)
         finished(endpoint)(run)

@@ -95,6 +95,7 @@ class Run:
         self.first_s: float | None = None
         self.last_s: float | None = None
         self.finished = False
+        self.recorded = False  # its metrics are counted (once, however the request ends)
         loop = asyncio.get_running_loop()
         try:
             self.worker.submit(self.seq, lambda e: loop.call_soon_threadsafe(self.queue.put_nowait, e))
