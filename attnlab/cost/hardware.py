@@ -256,18 +256,21 @@ def local(refresh: bool = False) -> Hardware:
     # CALIBRATION_VERSION: a cache written by an older calibration (fewer measured fields) is measured again
     key = f"{cpu_name()}|{torch.get_num_threads()}|{torch.__version__}|v{CALIBRATION_VERSION}"
     path = _cache_path()
-    if not refresh and path.exists():
+    entries = {}  # one entry per (CPU, threads, torch, calibration): runs with different --threads keep theirs
+    if path.exists():
         try:
             data = json.loads(path.read_text())
-            if data.get("key") == key:
-                return Hardware(**data["hardware"])
-        except (json.JSONDecodeError, TypeError, KeyError):
-            pass
+            entries = data.get("entries", {}) if isinstance(data, dict) else {}
+            if not refresh and key in entries:
+                return Hardware(**entries[key])
+        except (json.JSONDecodeError, TypeError, KeyError, AttributeError):
+            entries = {}
     hw = calibrate()
+    entries[key] = hw.to_dict()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "hardware": hw.to_dict()}))
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"entries": entries}))
         tmp.replace(path)
     except OSError:
         pass  # a read-only home only costs a re-measurement next time

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ class ServeConfig:
     max_body_bytes: int = 1 << 20
     drain_s: float = 30.0
     model_name: str | None = None
+    calibrate: bool = True  # measure the machine for the cost model at start-up (a few seconds, cached on disk)
 
     def __post_init__(self) -> None:
         from attnlab.errors import ConfigError
@@ -98,6 +100,10 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
     async def _start() -> None:
         if not worker.thread.is_alive():
             worker.start()
+        if cfg.calibrate:  # the page's cost model needs this machine's figures: measure them now (cached on disk),
+            from attnlab.serve.predict import hardware  # not inside the first request that asks
+
+            threading.Thread(target=hardware, name="attnlab-calibrate", daemon=True).start()
 
     @app.on_event("shutdown")
     async def _stop() -> None:

@@ -58,7 +58,11 @@ def _plain(messages: list[tuple[str, str]]) -> str:
     parts = []
     for role, content in messages:
         sep = "\n\n" if role in ("system", "developer") else "\n"
-        parts.append(f"{PLAIN_ROLES[role]}: {content}{sep}")
+        # The model wrote its reply straight after "Assistant:" (usually starting with a space): render it back
+        # the same way, so the next turn's prompt extends the previous turn's tokens and the prefix cache
+        # reuses the reply's blocks too, not only the previous prompt's.
+        gap = "" if role == "assistant" and content[:1].isspace() else " "
+        parts.append(f"{PLAIN_ROLES[role]}:{gap}{content}{sep}")
     return "".join(parts) + "Assistant:"
 
 

@@ -5,6 +5,10 @@ Text is produced incrementally and held back while it could still be wrong: a UT
 tokens (the decoder shows U+FFFD until it is complete) and any tail that could be the start of a stop string
 (so ``"\\nUser:"`` never leaks its ``"\\n"`` before the stop is seen). Every token still gets its own event,
 even with empty text, so a client sees each token's arrival (the page's timeline needs it).
+
+The stream's contract: every chunk with a choice carries exactly one generated token, except chat's opening
+chunk (``delta.role`` only) and the closing chunk of a request that was cancelled or failed (no token, its
+``finish_reason`` set); then the usage chunk (``choices: []``) when asked for, and ``data: [DONE]``.
 """
 from __future__ import annotations
 
