@@ -302,7 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("generate", help="continue a prompt with an attnlab checkpoint or a Hugging Face folder")
-    p.add_argument("checkpoint", help="attnlab checkpoint folder or Hugging Face model folder (GPT-2, Llama)")
+    p.add_argument("checkpoint", help="attnlab checkpoint folder or Hugging Face model folder "
+                   "(GPT-2, Llama, Mistral, Qwen2)")
     p.add_argument("--prompt", help="text (default: read standard input)")
     p.add_argument("--max-new-tokens", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

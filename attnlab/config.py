@@ -56,6 +56,7 @@ class ModelConfig:
     rope_scaling: dict | None = None  # {"type": linear|dynamic|ntk|llama3, "factor": f, ...} (see positional.py)
     tie_embeddings: bool = True
     bias: bool = False
+    qkv_bias: bool = False  # a bias on the q/k/v projection only (Qwen2); `bias` puts one on every linear
     dropout: float = 0.0
     init_std: float = 0.02
     fused: bool = False  # recurrent only: torch's fused nn.RNN/LSTM/GRU kernel instead of the visible loop
@@ -79,6 +80,9 @@ class ModelConfig:
         for name in ("window", "chunk_size", "ssm_state", "ssm_expand"):
             _positive(name, getattr(self, name))
         _positive("block_size", self.block_size, allow_zero=True)
+        for name in ("bias", "qkv_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
         if self.block_size == 0:
             import math
 

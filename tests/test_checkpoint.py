@@ -12,7 +12,8 @@ from conftest import FAMILIES, tiny
 
 
 @pytest.mark.parametrize("kw", [dict(family=f) for f in FAMILIES]
-                         + [dict(pos="learned", tie_embeddings=False), dict(pos="alibi", norm="rmsnorm")])
+                         + [dict(pos="learned", tie_embeddings=False), dict(pos="alibi", norm="rmsnorm"),
+                            dict(qkv_bias=True, kernel="sliding", window=4)])
 def test_round_trip_gives_identical_logits(tmp_path, kw):
     model = build_model(tiny(**kw)).eval()
     save_checkpoint(tmp_path, model, RunConfig(model=model.cfg))
@@ -87,6 +88,12 @@ def test_config_with_invalid_value(ckpt):
         load_checkpoint(ckpt)
 
 
+def test_config_from_before_qkv_bias_still_loads(ckpt):
+    _rewrite_config(ckpt, lambda d: d["model"].pop("qkv_bias"))
+    model, cfg = load_checkpoint(ckpt)
+    assert cfg.model.qkv_bias is False and model.backbone.blocks[0].attn.wqkv.bias is None
+
+
 def test_config_that_does_not_fit_the_weights(ckpt):
     _rewrite_config(ckpt, lambda d: d["model"].update(dim=64, head_dim=None, hidden_dim=None))
     with pytest.raises(CheckpointError, match="shape"):
@@ -98,6 +105,7 @@ def test_config_that_does_not_fit_the_weights(ckpt):
     ("pos", "xpos", "pos='xpos' is not known; choose one of: none, sinusoidal, learned, rope, alibi"),
     ("n_kv_heads", 3, "n_kv_heads=3 must divide n_heads=4"),
     ("dim", 30, "n_heads=4 must divide dim=30"),
+    ("qkv_bias", "yes", "qkv_bias='yes' must be true or false"),
 ])
 def test_invalid_model_fields_name_the_field(field, value, message):
     with pytest.raises(ConfigError, match=message):

@@ -1,7 +1,8 @@
 """Architectures the cost model describes: attnlab configs, Hugging Face config.json files and presets.
 
 ``Arch`` holds only what cost depends on, including details attnlab's own model does not implement
-(Qwen's q/k/v-only biases, Mistral's sliding window), so real model cards can be priced exactly.
+(separate biases on the output projection and on the MLP), so real model cards can be priced exactly.
+A Hugging Face config's sliding window is read as the loader reads it (models/hf.py).
 """
 from __future__ import annotations
 
@@ -51,11 +52,12 @@ class Arch:
 
 
 def from_model_config(cfg, name: str = "attnlab") -> Arch:
-    """An attnlab ModelConfig (one bias flag covers every linear and norm)."""
+    """An attnlab ModelConfig (`bias` covers every linear and norm, `qkv_bias` the q/k/v projection)."""
     return Arch(name=name, vocab_size=cfg.vocab_size, dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
                 n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, hidden_dim=cfg.hidden_dim, mlp=cfg.mlp,
                 norm=cfg.norm, pos=cfg.pos, max_seq_len=cfg.max_seq_len, tie_embeddings=cfg.tie_embeddings,
-                qkv_bias=cfg.bias, out_bias=cfg.bias, mlp_bias=cfg.bias, norm_bias=cfg.bias and cfg.norm == "layernorm",
+                qkv_bias=cfg.bias or cfg.qkv_bias, out_bias=cfg.bias, mlp_bias=cfg.bias,
+                norm_bias=cfg.bias and cfg.norm == "layernorm",
                 family=cfg.family, sliding_window=cfg.window if cfg.kernel == "sliding" else None,
                 block_size=cfg.block_size if cfg.kernel == "block_sparse" else None, chunk_size=cfg.chunk_size,
                 ssm_state=cfg.ssm_state, ssm_expand=cfg.ssm_expand, scan=cfg.scan)
@@ -80,15 +82,18 @@ def from_hf_config(hf: dict, name: str = "hf") -> Arch:
                     mlp="gelu", norm="layernorm", pos="learned", max_seq_len=hf.get("n_positions", 1024),
                     tie_embeddings=hf.get("tie_word_embeddings", True), qkv_bias=True, out_bias=True, mlp_bias=True,
                     norm_bias=True)
+    from attnlab.models.hf import sliding_window_from_hf  # the loader's reading of the window, shared
+
     d, h = hf["hidden_size"], hf["num_attention_heads"]
-    qkv_bias = hf.get("attention_bias", kind == "qwen2")  # Qwen2 has q/k/v biases and no others
+    # Qwen2 has q/k/v biases and no others, Mistral none, whatever attention_bias says (HF's modeling files)
+    attention_bias = {"qwen2": False, "mistral": False}.get(kind, hf.get("attention_bias", False))
+    mlp_bias = {"qwen2": False, "mistral": False}.get(kind, hf.get("mlp_bias", False))
     return Arch(name=name, vocab_size=hf["vocab_size"], dim=d, n_layers=hf["num_hidden_layers"], n_heads=h,
                 n_kv_heads=hf.get("num_key_value_heads") or h, head_dim=hf.get("head_dim") or d // h,
                 hidden_dim=hf["intermediate_size"], mlp="swiglu", norm="rmsnorm", pos="rope",
                 max_seq_len=hf.get("max_position_embeddings", 4096),
-                tie_embeddings=hf.get("tie_word_embeddings", False), qkv_bias=bool(qkv_bias),
-                out_bias=bool(hf.get("attention_bias", False)), mlp_bias=bool(hf.get("mlp_bias", False)),
-                sliding_window=hf.get("sliding_window") if hf.get("use_sliding_window", kind == "mistral") else None)
+                tie_embeddings=hf.get("tie_word_embeddings", False), qkv_bias=kind == "qwen2" or bool(attention_bias),
+                out_bias=bool(attention_bias), mlp_bias=bool(mlp_bias), sliding_window=sliding_window_from_hf(hf, name))
 
 
 def _gpt2(name, d, L, h):

@@ -119,7 +119,7 @@ class Attention(nn.Module):
         self.causal = cfg.causal
         self.scale = self.head_dim ** -0.5
         qkv_dim = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
-        self.wqkv = nn.Linear(cfg.dim, qkv_dim, bias=cfg.bias)  # one matmul for q, k and v
+        self.wqkv = nn.Linear(cfg.dim, qkv_dim, bias=cfg.bias or cfg.qkv_bias)  # one matmul for q, k and v
         self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.dim, bias=cfg.bias)
 
     def forward(self, x, positions, pos_enc, state=None):

@@ -1,11 +1,17 @@
-"""Hugging Face checkpoints: load GPT-2 and Llama-architecture folders into attnlab's Transformer, save back.
+"""Hugging Face checkpoints: load GPT-2, Llama, Mistral and Qwen2 folders into attnlab's Transformer, save back.
 
 A folder holds config.json, model.safetensors (or shards + model.safetensors.index.json),
 tokenizer.json and optionally generation_config.json. Only safetensors are read (never pickles).
 Mapping (attnlab <- HF):
 - GPT-2: Conv1D weights are stored (in, out) and transposed; c_attn is already q|k|v fused.
-- Llama: q_proj|k_proj|v_proj are concatenated into wqkv; gate/up/down -> w1/w3/w2. HF's Llama uses the
-  rotate-half RoPE layout, which is attnlab's, so no permutation is needed.
+- Llama, Mistral, Qwen2 (one tensor layout): q_proj|k_proj|v_proj are concatenated into wqkv;
+  gate/up/down -> w1/w3/w2. HF uses the rotate-half RoPE layout, which is attnlab's, so no permutation.
+- Qwen2 has biases on q/k/v only: they become wqkv's bias (``qkv_bias``); o_proj and the MLP have none.
+- A sliding window (Mistral; Qwen2 with use_sliding_window) becomes the ``sliding`` kernel with the same
+  window: HF's query i sees keys j with i - W < j <= i (masking_utils.sliding_window_overlay), W keys
+  counting itself, which is attnlab's ``window`` (attention.build_mask). A window of at least
+  max_position_embeddings never hides a key, so it loads as plain causal attention.
+Saving writes the GPT-2 or Llama layout only.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from attnlab.config import ModelConfig
 from attnlab.errors import CheckpointError
 
-SUPPORTED = ("gpt2", "llama", "mistral (without sliding window)")
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2")
 
 
 def is_hf_folder(folder: str | Path) -> bool:
@@ -52,14 +58,11 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
                            norm="layernorm", norm_eps=hf.get("layer_norm_epsilon", 1e-5), pos="learned",
                            max_seq_len=_need(hf, "n_positions", source), bias=True,
                            tie_embeddings=hf.get("tie_word_embeddings", True))
-    if kind in ("llama", "mistral"):
-        if kind == "mistral" and hf.get("sliding_window"):
-            raise CheckpointError(f"{source}: Mistral's sliding-window attention is not supported yet; "
-                                  "supported: " + ", ".join(SUPPORTED))
+    if kind in ("llama", "mistral", "qwen2"):
         if hf.get("hidden_act", "silu") != "silu":
             raise CheckpointError(f"{source}: activation {hf['hidden_act']!r} is not supported (silu only)")
-        if hf.get("attention_bias", False) != hf.get("mlp_bias", False):
-            raise CheckpointError(f"{source}: attention_bias and mlp_bias must agree (attnlab has one bias flag)")
+        bias, qkv_bias = _biases_from_hf(hf, source)
+        window = sliding_window_from_hf(hf, source)
         rope = dict(hf.get("rope_parameters") or {})
         theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
         scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
@@ -73,9 +76,56 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
                            hidden_dim=_need(hf, "intermediate_size", source), mlp="swiglu", norm="rmsnorm",
                            norm_eps=hf.get("rms_norm_eps", 1e-6), pos="rope", rope_theta=float(theta),
                            rope_scaling=_scaling_from_hf(scaling, max_len, source), max_seq_len=max_len,
-                           bias=bool(hf.get("attention_bias", False)),
-                           tie_embeddings=hf.get("tie_word_embeddings", False))
+                           bias=bias, qkv_bias=qkv_bias, tie_embeddings=hf.get("tie_word_embeddings", False),
+                           **({"kernel": "sliding", "window": window} if window else {}))
     raise CheckpointError(f"{source}: model_type {kind!r} is not supported; supported: {', '.join(SUPPORTED)}")
+
+
+def _biases_from_hf(hf: dict, source: str) -> tuple[bool, bool]:
+    """-> (bias on every linear, bias on q/k/v only), as HF's modeling files build them."""
+    kind = hf["model_type"]
+    if kind == "qwen2":  # Qwen2Attention: q/k/v with bias=True, o_proj and the MLP without, whatever the config
+        return False, True
+    if kind == "mistral":  # MistralAttention and MistralMLP: bias=False throughout
+        return False, False
+    if hf.get("attention_bias", False) != hf.get("mlp_bias", False):
+        raise CheckpointError(f"{source}: attention_bias and mlp_bias must agree (attnlab's `bias` covers both)")
+    return bool(hf.get("attention_bias", False)), False
+
+
+def sliding_window_from_hf(hf: dict, source: str = "config.json") -> int | None:
+    """The sliding window W every layer uses (keys per query, counting itself), or None for causal attention.
+
+    Mistral slides every layer (HF's MistralForCausalLM ignores layer_types). Qwen2 slides only with
+    use_sliding_window, and then only the layers that layer_types names "sliding_attention" (by default those
+    from max_window_layers on). A window of at least max_position_embeddings never hides a key: causal.
+    attnlab runs one attention kind in every layer, so a mixture is refused."""
+    kind, n_layers = hf.get("model_type"), hf.get("num_hidden_layers", 0)
+    window = hf.get("sliding_window")
+    if kind == "mistral":
+        sliding = [True] * n_layers
+    elif hf.get("use_sliding_window", False):  # Qwen2's switch (and its relatives' in the cost model)
+        first = hf.get("max_window_layers", 28)  # Qwen2Config's default
+        types = hf.get("layer_types") or ["sliding_attention" if i >= first else "full_attention"
+                                          for i in range(n_layers)]
+        if len(types) != n_layers:
+            raise CheckpointError(f"{source}: layer_types lists {len(types)} layers but num_hidden_layers is "
+                                  f"{n_layers}; make them agree")
+        sliding = [t == "sliding_attention" for t in types]
+    else:
+        return None
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise CheckpointError(f"{source}: sliding_window={window!r} must be a positive integer or null")
+    if window is None or window >= hf.get("max_position_embeddings", float("inf")) or not any(sliding):
+        return None
+    if not all(sliding):
+        raise CheckpointError(
+            f"{source}: use_sliding_window is true but only {sum(sliding)} of {n_layers} layers slide (window "
+            f"{window}; max_window_layers={hf.get('max_window_layers')} or layer_types keep the others on full "
+            "attention); attnlab runs one attention kind in every layer. Make every layer slide (max_window_layers "
+            "0, and every layer_types entry 'sliding_attention' if the config lists them) or set "
+            f"use_sliding_window to false for full attention everywhere (identical on contexts up to {window} tokens)")
+    return window
 
 
 def _scaling_from_hf(scaling: dict | None, max_len: int, source: str) -> dict | None:
@@ -174,7 +224,7 @@ def state_from_hf(kind: str, cfg: ModelConfig, hf: dict[str, torch.Tensor], sour
         for i in range(cfg.n_layers):
             h = f"model.layers.{i}.self_attn."
             out[f"backbone.blocks.{i}.attn.wqkv.weight"] = torch.cat([take(h + f"{p}_proj.weight") for p in "qkv"])
-            if cfg.bias:
+            if cfg.bias or cfg.qkv_bias:
                 out[f"backbone.blocks.{i}.attn.wqkv.bias"] = torch.cat([take(h + f"{p}_proj.bias") for p in "qkv"])
         if not cfg.tie_embeddings:
             out["head.weight"] = take("lm_head.weight")
@@ -220,6 +270,13 @@ def save_hf(model, folder: str | Path, architecture: str | None = None, tokenize
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     kind = architecture or ("gpt2" if cfg.pos == "learned" and cfg.mlp == "gelu" else "llama")
+    if kind not in ("gpt2", "llama"):
+        raise CheckpointError(f"save_hf writes the gpt2 or llama layout, not {kind!r}; pass one of those")
+    if cfg.kernel in ("sliding", "block_sparse") or (cfg.qkv_bias and not cfg.bias):
+        # Neither layout can say "sliding window" or "bias on q/k/v only": the folder would load as another model.
+        raise CheckpointError(f"save_hf: kernel={cfg.kernel!r}, qkv_bias={cfg.qkv_bias} has no GPT-2 or Llama "
+                              "equivalent (Mistral and Qwen2 folders load but are not written back); "
+                              "save it with attnlab.checkpoint.save_checkpoint instead")
     sd = {k: v.detach().float().contiguous().cpu() for k, v in model.state_dict().items()}
     tensors = {}
     if kind == "gpt2":

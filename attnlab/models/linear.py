@@ -62,7 +62,7 @@ class LinearAttention(nn.Module):
     def __init__(self, cfg, layer_idx: int):
         super().__init__()
         self.layer_idx, self.n_heads, self.head_dim, self.chunk = layer_idx, cfg.n_heads, cfg.head_dim, cfg.chunk_size
-        self.wqkv = nn.Linear(cfg.dim, 3 * cfg.n_heads * cfg.head_dim, bias=cfg.bias)
+        self.wqkv = nn.Linear(cfg.dim, 3 * cfg.n_heads * cfg.head_dim, bias=cfg.bias or cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=cfg.bias)
 
     def forward(self, x, positions, pos_enc, state=None, force: str | None = None):
