@@ -135,7 +135,7 @@ def cmd_trace(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
+def cmd_bench_attention(args) -> int:
     from attnlab.bench import bench_attention, growth_exponent
 
     set_threads(args.threads)
@@ -159,6 +159,63 @@ def cmd_bench(args) -> int:
             if e is not None:
                 print(f"{k}: time grows as T^{e:.2f}")
     return 0
+
+
+def cmd_bench_serve(args) -> int:
+    import shlex
+
+    from attnlab.serve.launch import LaunchedServer
+    from attnlab.serve.loadgen import Lengths, LoadSpec, run_load
+
+    if (args.url is None) == (args.launch is None):
+        raise AttnlabError("give the server to load: --url http://HOST:PORT, or --launch FOLDER to start one")
+    prompts = None
+    if args.prompts:
+        prompts = [line for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not prompts:
+            raise AttnlabError(f"--prompts {args.prompts}: the file has no non-empty line (one prompt per line)")
+    spec = LoadSpec(requests=args.requests, rate=args.rate, concurrency=None if args.rate else args.concurrency or 1,
+                    prompt_len=Lengths.parse(args.prompt_len, "prompt-len"),
+                    output_len=Lengths.parse(args.output_len, "output-len"), prompts=prompts, vocab=args.vocab,
+                    seed=args.seed, warmup=args.warmup, api_key=args.api_key, model=args.model,
+                    timeout_s=args.timeout_s)
+    if args.launch is None:
+        res = run_load(args.url, spec)
+    else:
+        serve_args = shlex.split(args.serve_args or "")
+        with LaunchedServer(args.launch, serve_args) as server:
+            res = run_load(server.url, spec)
+        res["launched"] = {"folder": args.launch, "serve_args": serve_args, "returncode": server.returncode}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print_load_table(res)
+    code = res.get("launched", {}).get("returncode", 0)
+    if code != 0:  # the figures stand; a server that does not drain to exit 0 is reported and fails the command
+        print(f"attnlab bench: the launched server exited with {code} after SIGTERM, not 0", file=sys.stderr)
+        return 1
+    return 0
+
+
+def print_load_table(res: dict) -> None:
+    spec = res["spec"]
+    print(f"{res['requests']} requests to {res['url']} ({spec['arrivals']}); prompts: {spec['prompt_len']}; "
+          f"outputs: {spec['output_len']}")
+    failed = ", ".join(f"{k}: {v}" for k, v in res["failed_by"].items())
+    print(f"  ok {res['ok']}, failed {res['failed']}" + (f" ({failed})" if failed else ""))
+    for message in res["errors"]:
+        print(f"    {message}")
+    print(f"  wall {res['wall_s']:.2f} s; {res['output_tokens']} output tokens, {res['output_tok_per_s']:.1f} tok/s; "
+          f"{res['requests_per_s']:.2f} req/s; mean in flight {res['mean_in_flight']:.1f}")
+    print(f"  {'':14s} {'p50':>10s} {'p95':>10s} {'p99':>10s} {'max':>10s}")
+    rows = [("TTFT", res["ttft_s"]), ("TPOT", res["tpot_s"]), ("end-to-end", res["e2e_s"]), ("ITL", res["itl_s"]),
+            ("server TTFT", res["server_usage"]["ttft_s"]), ("server TPOT", res["server_usage"]["tpot_s"])]
+    for name, d in rows:
+        if d["n"]:
+            print(f"  {name:14s} " + " ".join(f"{d[k] * 1e3:8.1f}ms" for k in ("p50", "p95", "p99", "max")))
 
 
 def cmd_report(args) -> int:
@@ -222,8 +279,10 @@ def add_measure_commands(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_trace)
 
-    p = sub.add_parser("bench", help="benchmarks: `attnlab bench attention` times every kernel")
-    p.add_argument("what", choices=("attention",))
+    bench = sub.add_parser("bench", help="benchmarks: `bench attention` times every kernel; `bench serve` loads a "
+                                         "server with streaming requests")
+    what = bench.add_subparsers(dest="what", required=True, parser_class=type(bench))
+    p = what.add_parser("attention", help="time every attention kernel over sequence lengths")
     p.add_argument("--kernels", default="naive,sdpa,flash,sliding,block_sparse,linear,ssm")
     p.add_argument("--seq-lens", default="1024,4096")
     p.add_argument("--heads", type=int, default=12)
@@ -235,7 +294,30 @@ def add_measure_commands(sub) -> None:
                    help="cuda: times with the GPU synchronised and peak memory from torch.cuda")
     p.add_argument("--threads", type=int)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=cmd_bench_attention)
+
+    p = what.add_parser("serve", help="streaming load on an OpenAI-compatible /v1/completions server: TTFT, TPOT, "
+                                      "inter-token gaps, tok/s")
+    p.add_argument("--url", help="the server's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--launch", metavar="FOLDER", help="start `attnlab serve FOLDER` on a free port, load it, stop it")
+    p.add_argument("--serve-args", help="extra flags for the launched server, e.g. '--max-batch 16 --threads 2'")
+    arrivals = p.add_mutually_exclusive_group()
+    arrivals.add_argument("--rate", type=float, help="Poisson arrivals at R requests/s (open loop)")
+    arrivals.add_argument("--concurrency", type=int, help="N clients sending back to back (default: 1)")
+    p.add_argument("--requests", type=int, default=16)
+    p.add_argument("--prompt-len", default="128", help="N, LO:HI (uniform) or lognormal:MEDIAN:SIGMA[:MAX] tokens")
+    p.add_argument("--output-len", default="64", help="as --prompt-len; every request generates exactly this many")
+    p.add_argument("--prompts", metavar="FILE", help="text prompts, one per line, used in turn (not random ids)")
+    p.add_argument("--vocab", type=int, help="random token ids are below this (default: the server's vocab_size "
+                                             "from /api/info when given, else 256)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the prompts, the lengths and the arrival gaps")
+    p.add_argument("--warmup", type=int, default=1, help="untimed requests sent first, one at a time")
+    p.add_argument("--api-key")
+    p.add_argument("--model", help="the request's model field (default: omitted)")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="per request")
+    p.add_argument("--json", action="store_true", help="print the whole summary as JSON")
+    p.add_argument("--out", help="also write the summary as JSON to this file")
+    p.set_defaults(func=cmd_bench_serve)
 
     p = sub.add_parser("report", help="run every claim's experiment; write index.html and results.json")
     p.add_argument("--scale", default="quick", choices=("quick", "full"))
