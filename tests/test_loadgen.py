@@ -140,7 +140,5 @@ def test_serve_load_benchmark_quick(tmp_path):
     assert all(isinstance(v, (bool, str)) for v in res["targets"].values())
 
 
-@pytest.mark.xfail(strict=True, reason="attnlab serve exits by SIGTERM (-15), not 0: uvicorn's capture_signals "
-                                       "re-raises the captured signal after the graceful shutdown")
 def test_server_drains_and_exits_0_on_sigterm(server):  # last: it stops the module's server
     assert server.stop() == 0
