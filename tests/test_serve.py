@@ -328,3 +328,41 @@ def test_sigterm_cuts_requests_past_the_drain_time(folder):
         assert time.perf_counter() - t0 < 15
     finally:
         s.stop(signal.SIGKILL)
+
+
+# -- other architectures ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["mistral-window8", "qwen2"])
+def test_serves_mistral_sliding_window_and_qwen2_folders_like_transformers(tmp_path, arch):
+    """A sliding-window Mistral runs on contiguous ring caches (no paging), Qwen2 on the paged pool; both greedy
+    streams, four at once, equal transformers' own greedy generate. No tokenizer.json: token-id prompts only."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(0)
+    common = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=96, vocab_size=97, max_position_embeddings=128, bos_token_id=0, eos_token_id=0)
+    if arch == "qwen2":
+        hf = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, tie_word_embeddings=True)).eval()
+    else:
+        hf = transformers.MistralForCausalLM(transformers.MistralConfig(**common, sliding_window=8)).eval()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    prompts = [_ids(5 + 4 * i, seed=i) for i in range(4)]
+    prompts = [[t % 97 for t in p] for p in prompts]
+    expected = []
+    for p in prompts:
+        out = hf.generate(torch.tensor([p]), max_new_tokens=20, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)
+        expected.append(out[0, len(p):].tolist())
+    with Server(tmp_path) as s:
+        async def together():
+            async with httpx.AsyncClient(timeout=120) as client:
+                rs = await asyncio.gather(*[client.post(s.url + "/v1/completions", json={
+                    "prompt": p, "max_tokens": 20, "temperature": 0, "ignore_eos": True, "logprobs": 0})
+                    for p in prompts])
+                return [r.json() for r in rs]
+
+        got = asyncio.run(together())
+        for g, want in zip(got, expected):
+            assert g["choices"][0]["logprobs"]["tokens"] == [f"token_id:{t}" for t in want]
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "text", "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "no_tokenizer"
