@@ -1,67 +1,49 @@
-"""Test support for the server: a tiny real model folder, and a real `attnlab serve` subprocess on a free port."""
+"""Test support for the server: a tiny real model folder, a real `attnlab serve` subprocess, and Chromium's path."""
 from __future__ import annotations
 
-import glob
+import json
 import os
+import shutil
 import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 
+from attnlab.serve.launch import LaunchedServer
 
-def make_tiny_folder(folder: Path, chat_template: str | None = None, context: int = 256) -> Path:
-    """A GPT-2-layout HF folder: random weights (seed 0), a 300-token BPE trained on a few stdlib files."""
+
+def make_tiny_folder(folder: Path, chat_template: str | None = None, context: int = 256, n_files: int = 0) -> Path:
+    """A GPT-2-layout HF folder: random weights (seed 0), a 300-token BPE trained on the stdlib's json package
+    (its first ``n_files`` files; 0: all)."""
     from attnlab.config import ModelConfig
     from attnlab.data.tokenizers import BPETokenizer
     from attnlab.models import build_model
     from attnlab.models.hf import save_hf
 
-    json_dir = Path(__import__("json").__file__).parent
-    texts = [Path(f).read_text() for f in sorted(glob.glob(str(json_dir / "*.py")))]
-    tok = BPETokenizer.train(texts, 300)
+    sources = sorted(Path(json.__file__).parent.glob("*.py"))
+    tok = BPETokenizer.train([f.read_text() for f in sources[:n_files or None]], 300)
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=tok.vocab_size, dim=64, n_layers=2, n_heads=4, max_seq_len=context, pos="learned",
                       mlp="gelu", norm="layernorm", bias=True, tie_embeddings=True)
+    folder.mkdir(parents=True, exist_ok=True)
     save_hf(build_model(cfg), folder, tokenizer=tok, eos_token_id=0)
     if chat_template is not None:
-        (folder / "tokenizer_config.json").write_text(__import__("json").dumps(
+        (folder / "tokenizer_config.json").write_text(json.dumps(
             {"chat_template": chat_template, "bos_token": "", "eos_token": "<eos>"}))
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Server(LaunchedServer):
+    """`attnlab serve FOLDER --threads 1 *args`, started at once; SIGTERM on exit (or `kill()`)."""
 
+    def __init__(self, folder: Path, *args: str):
+        super().__init__(str(folder), ["--threads", "1", *args], startup_s=90.0)
+        super().__enter__()
 
-class Server:
-    """`attnlab serve FOLDER --port P *args` as a real subprocess; stopped with SIGTERM on exit."""
-
-    def __init__(self, folder: Path, *args: str, startup_s: float = 90.0):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "attnlab", "serve", str(folder), "--port", str(self.port),
-                                      "--threads", "1", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=env)
-        deadline = time.time() + startup_s
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}: {self.proc.stdout.read()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("server did not come up")
+    def __enter__(self) -> "Server":  # already started: `with Server(...) as s` must not start a second one
+        return self
 
     def metric(self, name: str) -> float:
         for line in httpx.get(self.url + "/metrics").text.splitlines():
@@ -69,18 +51,23 @@ class Server:
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
 
-    def stop(self, sig=signal.SIGTERM, timeout: float = 60) -> tuple[int, str]:
+    def wait(self, timeout_s: float) -> int:
+        """The exit status of a server stopped from outside (no second signal: the first one drains)."""
+        self.returncode = self.proc.wait(timeout_s)
+        return self.returncode
+
+    def kill(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            out, _ = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, _ = self.proc.communicate()
-        return self.proc.returncode, out or ""
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.stop()
+def chromium() -> str | None:
+    """Chromium's path; None (skip) when absent, but under CI (.ci/run installs Debian's chromium) a failure."""
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("CI"):
+        pytest.fail("chromium is not installed; .ci/run installs Debian's chromium")
+    return None

