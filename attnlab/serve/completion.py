@@ -40,27 +40,45 @@ class Served:
 
 
 class TextStream:
-    """Token ids in, safe-to-show text deltas out."""
+    """Token ids in, safe-to-show text deltas out, in O(1) per token.
+
+    Incremental detokenization (as vLLM and HF's TextStreamer do it): only the newest tokens are decoded, with
+    a few tokens before them as context (a SentencePiece "▁word" decodes differently at the start of a string
+    than after other text), and the difference is the new text; decoding the whole text per token made a long
+    answer's streaming quadratic."""
 
     def __init__(self, tokenizer, stops: list[str]):
         self.tokenizer, self.stops = tokenizer, stops
+        self.longest_stop = max((len(s) for s in stops), default=0)
         self.ids: list[int] = []
+        self.text = ""  # decoded so far (complete characters only, until the end)
+        self._prefix = self._read = 0  # ids[_prefix:_read] is the context whose text is already in self.text
         self.sent = ""
+        self.stopped = False
+
+    def _decode_new(self, final: bool) -> None:
+        ids, decode = self.ids, self.tokenizer.decode_text
+        before = decode(ids[self._prefix:self._read])
+        after = decode(ids[self._prefix:])
+        if len(after) > len(before) and (final or not after.endswith("\ufffd")):  # wait for a split character
+            self.text += after[len(before):]
+            self._prefix, self._read = self._read, len(ids)
 
     def push(self, token: int, final: bool) -> str:
-        if self.tokenizer is None:
+        if self.tokenizer is None or self.stopped:
             return ""
         if token >= 0:
             self.ids.append(token)
-        text = self.tokenizer.decode_text(self.ids)
-        cut = min((text.find(s) for s in self.stops if s in text), default=-1)
+        if token >= 0 or (final and self._read < len(self.ids)):
+            self._decode_new(final)
+        text = self.text
+        start = max(0, len(self.sent) - self.longest_stop)  # a stop cannot begin inside text already sent
+        cut = min((i for i in (text.find(s, start) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
-            text, final = text[:cut], True
+            text, final, self.stopped = text[:cut], True, True
         if not final:
-            if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for its next bytes
-                return ""
             text = text[:len(text) - self._stop_prefix(text)]
-        delta = text[len(self.sent):] if text.startswith(self.sent) else ""
+        delta = text[len(self.sent):] if len(text) > len(self.sent) else ""
         self.sent += delta
         return delta
 
@@ -100,9 +118,8 @@ class Run:
         self.last_s: float | None = None
         self.finished = False
         self.recorded = False  # its metrics are counted (once, however the request ends)
-        loop = asyncio.get_running_loop()
         try:
-            self.worker.submit(self.seq, lambda e: loop.call_soon_threadsafe(self.queue.put_nowait, e))
+            self.worker.submit(self.seq, asyncio.get_running_loop(), self.queue)
         except QueueFull:
             raise ApiError(429, f"the server's queue is full ({self.worker.max_queue} requests waiting); retry "
                            "shortly", None, "queue_full", "rate_limit_error", {"Retry-After": "1"}) from None

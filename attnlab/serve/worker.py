@@ -4,7 +4,8 @@ Why a thread: a step is one batched forward (tens of milliseconds of torch work 
 the asyncio loop must keep accepting, streaming and noticing disconnects meanwhile. Only this thread touches
 the scheduler and the KV pool; the HTTP side posts "submit" and "cancel" into the inbox, which is applied
 between steps, so a cancelled sequence's blocks are free before the next step runs. Each token reaches its
-request through a callback (the HTTP side turns it into an asyncio queue put).
+request's asyncio queue; a step's events for every request go over in one call onto the event loop (one
+wake-up per step, not one per token).
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import threading
 import traceback
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
 
 from attnlab.engine.scheduler import Event, Scheduler, Sequence
 
@@ -60,6 +60,12 @@ class Totals:
     step_errors: int = 0
 
 
+def _put_all(items: list) -> None:
+    """On the event loop: one step's events into their requests' queues."""
+    for queue, event in items:
+        queue.put_nowait(event)
+
+
 class Worker:
     def __init__(self, model, *, max_batch: int, max_queue: int, kv_blocks: int | None, block_size: int = 16,
                  prefill_chunk: int | None = None, cache_dtype=None):
@@ -77,7 +83,7 @@ class Worker:
         self._inbox: deque = deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._listeners: dict[int, Callable[[Event], None]] = {}
+        self._listeners: dict[int, tuple] = {}  # id(seq) -> (event loop, asyncio queue)
         self._fresh: set[int] = set()  # sequences whose prompt is not yet counted in the totals
         self._stop = False
         self._idle = threading.Event()
@@ -88,13 +94,14 @@ class Worker:
         self.thread.start()
 
     # -- called from the HTTP side (any thread) -------------------------------------------------------------
-    def submit(self, seq: Sequence, on_event: Callable[[Event], None]) -> None:
+    def submit(self, seq: Sequence, loop, queue) -> None:
+        """Queue seq; its events will be put on ``queue`` (an asyncio.Queue) from ``loop``'s thread."""
         with self._lock:
             if not self.accepting:
                 raise Draining()
             if self.queued >= self.max_queue:
                 raise QueueFull()
-            self._inbox.append(("submit", seq, on_event))
+            self._inbox.append(("submit", seq, (loop, queue)))
             self._idle.clear()
         self._wake.set()
 
@@ -161,16 +168,15 @@ class Worker:
                 continue
             self.totals.steps += 1
             self.totals.preemptions = sched.preemptions
-            for event in events:
-                self.totals.generated_tokens += 1
-                self._deliver(event)
+            self.totals.generated_tokens += len(events)
+            self._deliver(events)
 
     def _apply_inbox(self) -> None:
         with self._lock:
             items, self._inbox = list(self._inbox), deque()
-        for kind, seq, on_event in items:
+        for kind, seq, sink in items:
             if kind == "submit":
-                self._listeners[id(seq)] = on_event
+                self._listeners[id(seq)] = sink
                 self._fresh.add(id(seq))
                 self.scheduler.submit(seq)
             elif not seq.done:  # cancel: frees the row and its blocks now, before the next step
@@ -178,26 +184,29 @@ class Worker:
                 self._listeners.pop(id(seq), None)
                 self._fresh.discard(id(seq))
 
-    def _deliver(self, event: Event) -> None:
-        seq = event.seq
-        if id(seq) in self._fresh:  # its first token: the prefill (and any prefix-cache hit) is done
-            self._fresh.discard(id(seq))
-            self.totals.prompt_tokens += len(seq.prompt)
-            self.totals.cached_tokens += seq.cached_tokens
-        if event.finished:
-            callback = self._listeners.pop(id(event.seq), None)
-        else:
-            callback = self._listeners.get(id(event.seq))
-        if callback is not None:
-            callback(event)
+    def _deliver(self, events: list[Event]) -> None:
+        by_loop: dict = {}
+        for event in events:
+            seq = event.seq
+            if id(seq) in self._fresh:  # its first token: the prefill (and any prefix-cache hit) is done
+                self._fresh.discard(id(seq))
+                self.totals.prompt_tokens += len(seq.prompt)
+                self.totals.cached_tokens += seq.cached_tokens
+            sink = self._listeners.pop(id(seq), None) if event.finished else self._listeners.get(id(seq))
+            if sink is not None:
+                by_loop.setdefault(sink[0], []).append((sink[1], event))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the loop is closed (shutting down): nobody is listening
+                pass
 
     def _cancel_all(self, reason: str) -> None:
         sched = self.scheduler
         for seq in [*sched.waiting, *sched.prefilling, *sched.running]:
             sched.cancel(seq)
             seq.finish_reason = reason
-            callback = self._listeners.pop(id(seq), None)
             self._fresh.discard(id(seq))
-            if callback is not None:
-                callback(Event(seq, -1, 0.0, True))
+            if id(seq) in self._listeners:
+                self._deliver([Event(seq, -1, 0.0, True)])
         self._idle.set()
