@@ -176,7 +176,7 @@ def throughput_section(args, sz: Sizes, url: str, folder: str, vocab: int) -> di
     from attnlab.serve.server import load_served
     from attnlab.serve.worker import Worker
 
-    served = load_served(folder)  # the server's loading path: the same weights, dtype and layout
+    served = load_served(folder, max_batch=sz.max_batch)  # the server's loading path: same weights, dtype, layout
     worker = Worker(served.model, max_batch=sz.max_batch, max_queue=256, kv_blocks=sz.kv_blocks,
                     prefill_chunk=args.prefill_chunk or None, cache_dtype=getattr(served.model, "cache_dtype", None))
     sched = worker.scheduler  # its thread is never started: this process steps it

@@ -21,12 +21,14 @@ from attnlab.serve.completion import Served
 log = logging.getLogger("attnlab.serve")
 
 
-def load_served(path: str, dtype: str = "fp32", name: str | None = None) -> Served:
+def load_served(path: str, dtype: str = "fp32", name: str | None = None, max_batch: int = 1) -> Served:
+    """The folder's model, its weights laid out for decode batches of 1 to max_batch rows (capped at 16)."""
     from attnlab.engine.quantize import set_precision
     from attnlab.loading import load_any
 
     loaded = load_any(path)
-    model = set_precision(loaded.model, dtype)
+    rows = min(max_batch, 16)
+    model = set_precision(loaded.model, dtype, rows=rows, varying=rows > 1)
     return Served(model=model, tokenizer=loaded.tokenizer, stop_tokens=loaded.stop_tokens,
                   template=load_template(path), name=name or Path(path).resolve().name, path=str(path), dtype=dtype)
 
@@ -34,7 +36,7 @@ def load_served(path: str, dtype: str = "fp32", name: str | None = None) -> Serv
 def serve(path: str, cfg: ServeConfig, dtype: str = "fp32", log_level: str = "warning") -> int:
     import uvicorn
 
-    served = load_served(path, dtype, cfg.model_name)
+    served = load_served(path, dtype, cfg.model_name, cfg.max_batch)
     app = create_app(served, cfg)
     worker = app.state.worker
 
