@@ -182,7 +182,7 @@ def test_every_dense_linear_layout_for_any_row_count_computes_the_same(path, row
     """Whichever layout is chosen and whatever row count it is laid out for, every call size gives
     nn.Linear's result."""
     lin = torch.nn.Linear(512, 640, bias=bias)
-    forced = {(512, 640, torch.float32, rows, bias): path}
+    forced = {(512, 640, torch.float32, rows, bias, False): path}
     monkeypatch.setattr(DenseLinear, "_chosen", forced)  # skip the measurement: install this layout
     dense = DenseLinear(lin, torch.float32, rows)
     if dense.path != path:
@@ -199,8 +199,18 @@ def test_dense_linear_keeps_the_fastest_layout_it_measured(monkeypatch):
     lin = torch.nn.Linear(256, 384)
     dense = DenseLinear(lin, torch.float32, 2)
     assert dense.path in ("matmul", "onednn", "mkl", "mv")
-    assert DenseLinear._chosen[(256, 384, torch.float32, 2, True)] == dense.path  # measured once per shape
+    assert DenseLinear._chosen[(256, 384, torch.float32, 2, True, False)] == dense.path  # measured once per shape
     assert weight_bytes_of(dense) == 256 * 384 * 4 + 384 * 4  # one dense copy counted, whatever the layout
+
+
+def test_dense_linear_for_varying_batches_picks_a_layout_valid_at_every_row_count(monkeypatch):
+    monkeypatch.setattr(DenseLinear, "_chosen", {})
+    lin = torch.nn.Linear(256, 384)
+    dense = DenseLinear(lin, torch.float32, 16, varying=True)
+    assert dense.path in ("matmul", "onednn")  # mkl's packing serves exactly 16 rows, mv exactly one
+    for m in (1, 3, 16, 40):
+        x = torch.randn(m, 256)
+        torch.testing.assert_close(dense(x), lin(x), atol=1e-4, rtol=1e-4)
 
 
 def weight_bytes_of(module):
