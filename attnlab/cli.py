@@ -346,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot; past it: 429")
     p.add_argument("--kv-blocks", type=int, help="KV-cache blocks of 16 tokens (default: max-batch full contexts)")
     p.add_argument("--prefill-chunk", type=int, default=256,
-                   help="prompt tokens fed per step, so a long prompt does not stall others' streams (0: whole)")
+                   help="prompt tokens fed per step across all prompts, so long or many new prompts do not stall "
+                        "the running streams (0: whole prompts at once)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 and /api")
     p.add_argument("--max-tokens-cap", type=int, default=4096, help="largest max_tokens a request may ask for")
     p.add_argument("--drain-s", type=float, default=30.0, help="on SIGTERM, seconds running requests may finish")

@@ -4,9 +4,11 @@
 batch, whose state holds one row per sequence at its own position. ``step()`` does, in order:
 
   1. admit waiting sequences while there is room (``max_batch``; for a paged cache, free blocks);
-  2. prefill: one forward over the next chunk of every admitted prompt (a ragged batch; ``prefill_chunk``
-     caps the tokens a prompt feeds per step, so a long prompt does not stall the others' streams); a
-     prompt that is complete samples its first token and joins the running batch;
+  2. prefill: one forward over the next chunk of every admitted prompt (a ragged batch). ``prefill_chunk`` is
+     the step's budget of prompt tokens, shared first come first served (every prompt being prefilled feeds
+     at least one), and no new prompt is admitted while those already admitted fill it: so neither one long
+     prompt nor many arriving together stall the running streams for more than a budget's prefill. A prompt
+     that is complete samples its first token and joins the running batch;
   3. decode: one forward over every running sequence's newest token, T = 1 (with a proposer, the token
      plus up to k drafts, T = k+1: speculative verification); each row samples its next token(s).
 
@@ -148,6 +150,8 @@ class Scheduler:
 
     def _admit(self) -> None:
         while self.waiting and len(self.prefilling) + len(self.running) < self.max_batch:
+            if self.prefill_chunk and self._pending_prefill() >= self.prefill_chunk:
+                break  # this step's prefill budget is spoken for: admit at a later step
             seq = self.waiting[0]
             if seq.state is not None:  # a caller-supplied state holding the prompt's first tokens
                 given, seq.state = seq.state, None
@@ -166,6 +170,10 @@ class Scheduler:
             self.waiting.popleft()
             self.prefilling.append(seq)
 
+    def _pending_prefill(self) -> int:
+        """Prompt tokens the sequences being prefilled will feed this step (each at most one budget)."""
+        return sum(min(len(s.context) - s.fed, self.prefill_chunk) for s in self.prefilling)
+
     def _blocks_for(self, context: list[int]) -> int:
         """Blocks a context needs to be prefilled and take its first decode step."""
         return -(-(len(context) + 1) // self.pool.block_size)
@@ -176,8 +184,12 @@ class Scheduler:
                    for s, t in zip(self.prefilling, self.prefill_state.tables))
 
     def _prefill(self) -> list[Event]:
-        chunk = self.prefill_chunk or 1 << 30
-        pieces = [seq.context[seq.fed:seq.fed + chunk] for seq in self.prefilling]
+        budget = self.prefill_chunk or 1 << 30
+        pieces = []
+        for seq in self.prefilling:  # first come, first served; a row cannot be empty, so at least one token
+            n = max(1, min(len(seq.context) - seq.fed, budget))
+            pieces.append(seq.context[seq.fed:seq.fed + n])
+            budget -= n
         lengths = torch.tensor([len(p) for p in pieces])
         T = int(lengths.max())
         tokens = torch.tensor([p + [0] * (T - len(p)) for p in pieces], device=self.device)  # (B, T) right-filled

@@ -36,7 +36,7 @@ class ServeConfig:
     max_queue: int = 256
     kv_blocks: int | None = None  # None: room for max_batch sequences of the full context
     block_size: int = 16
-    prefill_chunk: int | None = 256  # prompt tokens fed per step; None: a whole prompt in one step
+    prefill_chunk: int | None = 256  # prompt tokens fed per step, across prompts; None: whole prompts at once
     api_key: str | None = None
     max_tokens_cap: int = 4096
     max_body_bytes: int = 1 << 20
@@ -103,11 +103,15 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
         if cfg.calibrate:  # the page's cost model needs this machine's figures: measure them now (cached on disk),
             from attnlab.serve.predict import hardware  # not inside the first request that asks
 
-            threading.Thread(target=hardware, name="attnlab-calibrate", daemon=True).start()
+            app.state.calibration = threading.Thread(target=hardware, name="attnlab-calibrate", daemon=True)
+            app.state.calibration.start()
 
     @app.on_event("shutdown")
     async def _stop() -> None:
         await asyncio.to_thread(worker.stop)
+        calibration = getattr(app.state, "calibration", None)
+        if calibration is not None:  # a thread still in a torch op when the interpreter exits aborts it (-6)
+            await asyncio.to_thread(calibration.join, 120)
 
     def error(err: ApiError, endpoint: str) -> JSONResponse:
         metrics.requests.labels(endpoint, str(err.status)).inc()
