@@ -183,7 +183,8 @@ def cmd_serve(args) -> int:
     set_threads(args.threads)
     warn_if_emulated("serve", args.dtype)
     cfg = ServeConfig(host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
-                      kv_blocks=args.kv_blocks, prefill_chunk=args.prefill_chunk or None, api_key=args.api_key,
+                      kv_blocks=args.kv_blocks, prefill_chunk=args.prefill_chunk or None,
+                      prefill_budget=args.prefill_budget, api_key=args.api_key,
                       max_tokens_cap=args.max_tokens_cap, drain_s=args.drain_s, model_name=args.model_name)
     return serve(args.checkpoint, cfg, args.dtype, args.log_level)
 
@@ -346,8 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot; past it: 429")
     p.add_argument("--kv-blocks", type=int, help="KV-cache blocks of 16 tokens (default: max-batch full contexts)")
     p.add_argument("--prefill-chunk", type=int, default=256,
-                   help="prompt tokens fed per step across all prompts, so long or many new prompts do not stall "
-                        "the running streams (0: whole prompts at once)")
+                   help="prompt tokens a prompt feeds per step, so a long prompt does not stall the running streams "
+                        "(0: whole prompts)")
+    p.add_argument("--prefill-budget", type=int,
+                   help="prompt tokens per step across all prompts, so a burst of new prompts does not stall them "
+                        "either (default: no cap; costs throughput)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 and /api")
     p.add_argument("--max-tokens-cap", type=int, default=4096, help="largest max_tokens a request may ask for")
     p.add_argument("--drain-s", type=float, default=30.0, help="on SIGTERM, seconds running requests may finish")

@@ -177,3 +177,21 @@ def test_growing_in_place_never_evicts_a_cached_prefix():
         _advance(state, state.add_sequence(), 30, model)  # 8 blocks: fits in the 8 free blocks without keys
     assert not set(cached) & set(state.tables[0])
     assert all(pool.key[b] is not None for b in cached)
+
+
+def test_a_prefill_budget_spreads_a_burst_of_prompts_over_steps_with_outputs_unchanged():
+    """--prefill-budget: a step feeds at most the budget's prompt tokens in all (each prompt being prefilled
+    at least one), first come first served; the outputs are those of each prompt alone."""
+    model = _model()
+    sched = Scheduler(model, paged=True, max_len=128, prefill_chunk=6, prefill_budget=8)
+    prompts = [list(range(1 + i, 11 + i)) for i in range(4)]  # 40 prompt tokens arriving together
+    seqs = [sched.submit(Sequence(p, 5)) for p in prompts]
+    fed_per_step = []
+    while sched.has_work:
+        before = sum(s.fed for s in seqs)
+        sched.step()
+        fed_per_step.append(sum(s.fed for s in seqs) - before)
+    # chunks of at most 6 per prompt, 8 per step: (6+2), (4+4), (4+4), (6+2), 6, 2, then decoding only
+    assert fed_per_step[:7] == [8, 8, 8, 8, 6, 2, 0] and sum(fed_per_step) == 40
+    for s, p in zip(seqs, prompts):
+        assert s.tokens == generate(model, p, 5).tokens

@@ -4,11 +4,12 @@
 batch, whose state holds one row per sequence at its own position. ``step()`` does, in order:
 
   1. admit waiting sequences while there is room (``max_batch``; for a paged cache, free blocks);
-  2. prefill: one forward over the next chunk of every admitted prompt (a ragged batch). ``prefill_chunk`` is
-     the step's budget of prompt tokens, shared first come first served (every prompt being prefilled feeds
-     at least one), and no new prompt is admitted while those already admitted fill it: so neither one long
-     prompt nor many arriving together stall the running streams for more than a budget's prefill. A prompt
-     that is complete samples its first token and joins the running batch;
+  2. prefill: one forward over the next chunk of every admitted prompt (a ragged batch). ``prefill_chunk``
+     caps the tokens a prompt feeds per step, so one long prompt does not stall the others' streams;
+     ``prefill_budget`` caps a step's prompt tokens in all, shared first come first served (every prompt
+     being prefilled feeds at least one; no new prompt is admitted while the budget is spoken for), so a
+     burst of new prompts does not either, at some cost in throughput (prefill spread over more steps). A
+     prompt that is complete samples its first token and joins the running batch;
   3. decode: one forward over every running sequence's newest token, T = 1 (with a proposer, the token
      plus up to k drafts, T = k+1: speculative verification); each row samples its next token(s).
 
@@ -81,7 +82,8 @@ class Event:
 
 class Scheduler:
     def __init__(self, model, *, max_len: int | None = None, max_batch: int | None = None,
-                 prefill_chunk: int | None = None, cache_dtype=None, pool=None, paged: bool = False,
+                 prefill_chunk: int | None = None, prefill_budget: int | None = None, cache_dtype=None, pool=None,
+                 paged: bool = False,
                  proposer=None, keep_finished: bool = False):
         """``pool``: a BlockPool shared by every sequence (paged KV cache with prefix caching); ``paged``
         without one makes a pool sized for max_batch sequences of max_len. ``proposer``: drafts for
@@ -92,6 +94,7 @@ class Scheduler:
         self.max_len = max_len or cfg.max_seq_len
         self.max_batch = max_batch or 1 << 30
         self.prefill_chunk = prefill_chunk
+        self.prefill_budget = prefill_budget
         self.proposer = proposer
         self.keep_finished = keep_finished
         self.device = next(model.parameters()).device
@@ -150,7 +153,7 @@ class Scheduler:
 
     def _admit(self) -> None:
         while self.waiting and len(self.prefilling) + len(self.running) < self.max_batch:
-            if self.prefill_chunk and self._pending_prefill() >= self.prefill_chunk:
+            if self.prefill_budget and self._pending_prefill() >= self.prefill_budget:
                 break  # this step's prefill budget is spoken for: admit at a later step
             seq = self.waiting[0]
             if seq.state is not None:  # a caller-supplied state holding the prompt's first tokens
@@ -171,8 +174,9 @@ class Scheduler:
             self.prefilling.append(seq)
 
     def _pending_prefill(self) -> int:
-        """Prompt tokens the sequences being prefilled will feed this step (each at most one budget)."""
-        return sum(min(len(s.context) - s.fed, self.prefill_chunk) for s in self.prefilling)
+        """Prompt tokens the sequences being prefilled would feed this step (each at most a chunk)."""
+        chunk = self.prefill_chunk or 1 << 30
+        return sum(min(len(s.context) - s.fed, chunk) for s in self.prefilling)
 
     def _blocks_for(self, context: list[int]) -> int:
         """Blocks a context needs to be prefilled and take its first decode step."""
@@ -184,10 +188,10 @@ class Scheduler:
                    for s, t in zip(self.prefilling, self.prefill_state.tables))
 
     def _prefill(self) -> list[Event]:
-        budget = self.prefill_chunk or 1 << 30
+        chunk, budget = self.prefill_chunk or 1 << 30, self.prefill_budget or 1 << 30
         pieces = []
         for seq in self.prefilling:  # first come, first served; a row cannot be empty, so at least one token
-            n = max(1, min(len(seq.context) - seq.fed, budget))
+            n = max(1, min(len(seq.context) - seq.fed, chunk, budget))
             pieces.append(seq.context[seq.fed:seq.fed + n])
             budget -= n
         lengths = torch.tensor([len(p) for p in pieces])

@@ -36,7 +36,8 @@ class ServeConfig:
     max_queue: int = 256
     kv_blocks: int | None = None  # None: room for max_batch sequences of the full context
     block_size: int = 16
-    prefill_chunk: int | None = 256  # prompt tokens fed per step, across prompts; None: whole prompts at once
+    prefill_chunk: int | None = 256  # prompt tokens a prompt feeds per step; None: a whole prompt in one step
+    prefill_budget: int | None = None  # prompt tokens per step across prompts; None: no cap
     api_key: str | None = None
     max_tokens_cap: int = 4096
     max_body_bytes: int = 1 << 20
@@ -53,7 +54,9 @@ class ServeConfig:
         if self.kv_blocks is not None and self.kv_blocks < 2:
             raise ConfigError(f"--kv-blocks {self.kv_blocks} must be >= 2")
         if self.prefill_chunk is not None and self.prefill_chunk < 1:
-            raise ConfigError(f"--prefill-chunk {self.prefill_chunk} must be >= 1 (omit it for whole prompts)")
+            raise ConfigError(f"--prefill-chunk {self.prefill_chunk} must be >= 1 (0 on the command line: whole prompts)")
+        if self.prefill_budget is not None and self.prefill_budget < 1:
+            raise ConfigError(f"--prefill-budget {self.prefill_budget} must be >= 1 (omit it for no cap)")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"--port {self.port} must be in 0..65535")
         if self.drain_s < 0:
@@ -89,6 +92,7 @@ class _DisconnectAware(StreamingResponse):
 def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None) -> FastAPI:
     worker = worker or Worker(served.model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, kv_blocks=cfg.kv_blocks,
                               block_size=cfg.block_size, prefill_chunk=cfg.prefill_chunk,
+                              prefill_budget=cfg.prefill_budget,
                               cache_dtype=getattr(served.model, "cache_dtype", None))
     metrics = Metrics(worker)
     app = FastAPI(title="attnlab", docs_url=None, redoc_url=None, openapi_url=None)
@@ -323,7 +327,7 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
                 "dtype": served.dtype, "params": sum(p.numel() for p in served.model.parameters()),
                 "kv_bytes_per_token": pool.bytes_per_block // pool.block_size if pool else state.bytes_per_token,
                 "kv_block_size": pool.block_size if pool else None, "max_batch": cfg.max_batch,
-                "prefill_chunk": cfg.prefill_chunk, "max_tokens_cap": cfg.max_tokens_cap,
+                "prefill_chunk": cfg.prefill_chunk, "prefill_budget": cfg.prefill_budget, "max_tokens_cap": cfg.max_tokens_cap,
                 "chat_template": served.template.origin, "cpu": cpu_name(), "auth": cfg.api_key is not None}
 
     @app.get("/api/predict")

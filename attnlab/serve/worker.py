@@ -68,7 +68,7 @@ def _put_all(items: list) -> None:
 
 class Worker:
     def __init__(self, model, *, max_batch: int, max_queue: int, kv_blocks: int | None, block_size: int = 16,
-                 prefill_chunk: int | None = None, cache_dtype=None):
+                 prefill_chunk: int | None = None, prefill_budget: int | None = None, cache_dtype=None):
         cfg = model.cfg
         self.model = model
         self.max_queue = max_queue
@@ -76,7 +76,7 @@ class Worker:
         if cfg.family == "transformer" and cfg.kernel != "sliding":  # paged, with prefix caching
             pool = model.new_pool(kv_blocks or max_batch * -(-cfg.max_seq_len // block_size), block_size, cache_dtype)
         self.scheduler = Scheduler(model, max_len=cfg.max_seq_len, max_batch=max_batch, prefill_chunk=prefill_chunk,
-                                   cache_dtype=cache_dtype, pool=pool)
+                                   prefill_budget=prefill_budget, cache_dtype=cache_dtype, pool=pool)
         self.pool = self.scheduler.pool
         self.totals = Totals()
         self.accepting = True
