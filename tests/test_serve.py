@@ -213,7 +213,8 @@ def test_overload_answers_429_at_once(folder):
 
         results = asyncio.run(burst())
         codes = sorted(r.status_code for r, _ in results)
-        assert codes.count(200) >= 3 and codes.count(429) >= 1 and set(codes) <= {200, 429}, codes
+        # a queue of 2 (plus the one running, if it was admitted before the others arrived); the rest refused
+        assert 2 <= codes.count(200) <= 3 and set(codes) <= {200, 429}, codes
         quickest_200 = min(took for r, took in results if r.status_code == 200)
         for r, took in results:
             if r.status_code == 429:  # refused at once: no waiting for a slot, no compute
