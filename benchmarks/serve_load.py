@@ -38,7 +38,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -172,28 +174,75 @@ def load_hf_baseline():
     return run_hf_generate_batch, None
 
 
-def throughput_section(args, sz: Sizes, url: str, folder: str, vocab: int) -> dict:
-    from attnlab.serve.server import load_served
-    from attnlab.serve.worker import Worker
+class SideProcess:
+    """The engine (or HF) driven directly, in a process of its own, like the server: a side run inside this
+    process shared it with the load generator and the other in-process side (measured: the server right after
+    an in-process side ran at 90-95 tok/s, first in its round at 112), so each side gets a warm process that
+    takes prompts on stdin and answers its measurement on stdout."""
 
-    served = load_served(folder, max_batch=sz.max_batch)  # the server's loading path: same weights, dtype, layout
-    worker = Worker(served.model, max_batch=sz.max_batch, max_queue=256, kv_blocks=sz.kv_blocks,
-                    prefill_chunk=args.prefill_chunk or None, cache_dtype=getattr(served.model, "cache_dtype", None))
-    sched = worker.scheduler  # its thread is never started: this process steps it
+    def __init__(self, side: str, args, sz: Sizes, folder: str):
+        cmd = [sys.executable, __file__, "--side", side, "--folder", folder, "--threads", str(args.threads),
+               "--prefill-chunk", str(args.prefill_chunk)] + (["--quick"] if args.quick else [])
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def __call__(self, ps: list[list[int]], out: int) -> dict:
+        self.proc.stdin.write(json.dumps({"prompts": ps, "out": out}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the side process exited with {self.proc.wait()}")
+        res = json.loads(line)
+        if "error" in res:
+            raise RuntimeError(res["error"])
+        return res
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def side_main(args, sz: Sizes) -> None:
+    """Child: serve measurements of one side until stdin closes (results as JSON lines on stdout)."""
+    if args.side == "engine":
+        from attnlab.serve.server import load_served
+        from attnlab.serve.worker import Worker
+
+        served = load_served(args.folder, max_batch=sz.max_batch)  # the server's loading path: same layout
+        worker = Worker(served.model, max_batch=sz.max_batch, max_queue=256, kv_blocks=sz.kv_blocks,
+                        prefill_chunk=args.prefill_chunk or None,
+                        cache_dtype=getattr(served.model, "cache_dtype", None))
+        run = lambda ps, out: in_thread(in_engine, worker.scheduler, ps, out)  # noqa: E731 (as the server's thread)
+    else:
+        hf_fn, skip = load_hf_baseline()
+        if hf_fn is None:
+            raise SystemExit(skip)
+        run = lambda ps, out: in_thread(through_hf, hf_fn, args.folder, ps, out)  # noqa: E731
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            res = run(req["prompts"], req["out"])
+        except Exception as e:  # reported to the parent, which records it
+            res = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(res), flush=True)
+
+
+def throughput_section(args, sz: Sizes, url: str, folder: str, vocab: int) -> dict:
     hf_fn, hf_skip = load_hf_baseline()
+    engine = SideProcess("engine", args, sz, folder)
+    hf = SideProcess("hf", args, sz, folder) if hf_fn is not None else None
     sides = {"server_c16": lambda ps: through_server(url, ps, sz.out, sz.n, vocab),
              "server_c1": lambda ps: through_server(url, ps, sz.out, 1, vocab),
-             "engine": lambda ps: in_thread(in_engine, sched, ps, sz.out)}
-    if hf_fn is not None:
-        sides["hf"] = lambda ps: in_thread(through_hf, hf_fn, folder, ps, sz.out)
+             "engine": lambda ps: engine(ps, sz.out)}
+    if hf is not None:
+        sides["hf"] = lambda ps: hf(ps, sz.out)
     warm = prompts(999, 2, sz.prompt, vocab)  # warm every path (not timed)
     through_server(url, warm, 4, 2, vocab)
-    in_thread(in_engine, sched, warm, 4)
+    engine(warm, 4)
     errors = {}
-    if hf_fn is not None:
+    if hf is not None:
         try:
-            in_thread(through_hf, hf_fn, folder, warm, 4)
-        except Exception as e:  # another engineer's file: a failure is recorded, the rest goes on
+            hf(warm, 4)
+        except Exception as e:  # a failure is recorded, the rest goes on
             errors["hf"] = f"{type(e).__name__}: {e}"
             del sides["hf"]
     runs = {name: [] for name in sides}
@@ -213,6 +262,9 @@ def throughput_section(args, sz: Sizes, url: str, folder: str, vocab: int) -> di
            "server_over_engine": ratio("server_c16", "engine")}
     out["hf"] = {"status": "ran", "server_over_hf": ratio("server_c16", "hf")} if "hf" in rate else \
         {"status": hf_skip or f"failed: {errors.get('hf')}"}
+    engine.close()
+    if hf is not None:
+        hf.close()
     out["expected_output_tokens"] = sz.n * sz.out
     out["all_runs_complete"] = all(x["output_tokens"] == sz.n * sz.out and not x.get("failed")
                                    for v in runs.values() for x in v)
@@ -340,9 +392,14 @@ def main() -> None:
                    help="the b-d and f server's --prefill-chunk, and the in-process engine's (0: whole prompts)")
     p.add_argument("--quick", action="store_true", help="a tiny model and a few requests: a smoke test")
     p.add_argument("--out", help="default benchmarks/results/serve_load.json (--quick: in the temp folder)")
+    p.add_argument("--side", choices=("engine", "hf"), help=argparse.SUPPRESS)  # a child: one side, driven directly
+    p.add_argument("--folder", help=argparse.SUPPRESS)
     args = p.parse_args()
     set_threads(args.threads)
     sz = QUICK if args.quick else FULL
+    if args.side:
+        side_main(args, sz)
+        return
     if args.quick:
         args.rounds, args.rounds_chunked = min(args.rounds, 2), 1
     out_path = args.out or (str(Path(tempfile.gettempdir()) / "serve_load_quick.json") if args.quick
@@ -352,9 +409,9 @@ def main() -> None:
                            "server_flags": serve_args(args, sz, args.prefill_chunk),
                            "engine": {"max_batch": sz.max_batch, "kv_blocks": sz.kv_blocks, "block_size": 16,
                                       "prefill_chunk": args.prefill_chunk or None,
-                                      "thread": "its own, as the server's engine"},
+                                      "process": "its own (stepped in a thread, as the server's engine)"},
                            "hf": "benchmarks/hf_continuous.run_hf_generate_batch(folder, prompts, new_tokens), "
-                                 "in a thread of its own"}}
+                                 "in a process of its own"}}
     peak0, bw0 = matmul_peak_flops(), memory_bandwidth()
     with tempfile.TemporaryDirectory() as folder:
         result["model"] = build_folder(sz, folder)
