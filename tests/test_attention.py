@@ -1,4 +1,6 @@
 """Attention kernels, masks and positional encodings: each property able to fail."""
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -68,6 +70,23 @@ def test_positional_encodings_break_equivariance(pos):
     out, _ = model(tokens)
     out_perm, _ = model(tokens[:, perm])
     assert (out_perm - out[:, perm]).abs().max() > 1e-3
+
+
+def test_sinusoidal_embedding_is_the_token_times_sqrt_dim_plus_the_encoding():
+    """Vaswani et al. 2017 sec. 3.4/3.5, written out by hand: x = tok_emb * sqrt(d) + PE."""
+    model = build_model(tiny(pos="sinusoidal", dim=8, n_heads=2)).eval()
+    tokens = torch.tensor([[3, 1, 4, 1, 5]])
+    seen = {}
+    model.dropout.register_forward_hook(lambda mod, inp, out: seen.setdefault("x", out))
+    model(tokens)
+    d, T = 8, tokens.shape[1]
+    pe = torch.zeros(T, d)
+    for p in range(T):
+        for i in range(0, d, 2):
+            pe[p, i] = math.sin(p / 10000 ** (i / d))
+            pe[p, i + 1] = math.cos(p / 10000 ** (i / d))
+    expected = model.tok_emb.weight[tokens] * math.sqrt(d) + pe  # (1, T, d)
+    torch.testing.assert_close(seen["x"], expected, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("shift", [1, 5, 300])
