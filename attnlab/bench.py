@@ -3,7 +3,8 @@ and SSM mixers) at each sequence length, every configuration in a fresh subproce
 
 Peak memory follows ../shared/MEASURING.md: the child's max RSS minus its resident size after imports and
 input allocation, so the figure is what the kernel itself needs (on CUDA: torch.cuda.max_memory_allocated
-above the inputs, and every timed call synchronised). A configuration whose predicted
+above the inputs, and every timed call synchronised). One untimed warm-up call precedes the timed repeats,
+so the process's cold first call is not in the median. A configuration whose predicted
 need exceeds the memory budget is not run (reported with the prediction) rather than risking the
 machine. Inputs: batch 1, causal, q/k/v of shape (1, H, T, D).
 """
@@ -70,6 +71,12 @@ def _run_one(kernel: str, T: int, H: int, D: int, repeats: int, dtype: str, devi
         base = _current_rss()  # what the process holds now (inputs included); the peak above it is the kernel's
     times = []
     with torch.inference_mode():
+        # Untimed warm-up, same inputs: each configuration runs in a fresh process, whose first call pays for
+        # one-time setup (kernel dispatch, allocator growth, library init) that is not the kernel's cost. After
+        # `base`, so the peak still counts the kernel's own temporaries: peak is a high-water mark (max RSS /
+        # max_memory_allocated), and the warm-up reaches the same peak as a timed call, so it changes nothing.
+        fn()
+        synchronize(device)
         for _ in range(repeats):
             t = time.perf_counter()
             fn()

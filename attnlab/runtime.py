@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import functools
 import platform
+import subprocess
 import sys
 import warnings
 from dataclasses import dataclass
@@ -167,6 +168,29 @@ def check_dtype(name: str, device: str | torch.device = "cpu") -> str | None:
     return message
 
 
+def code_version() -> dict | None:
+    """The git commit of the attnlab code running now and whether its tracked files had uncommitted changes.
+
+    Why: a result is only evidence if it can be traced to the code that produced it. None when the package is
+    not in a git checkout (an installed wheel) or git is missing or slow; this never fails the caller.
+    """
+    here = str(Path(__file__).resolve().parent)
+
+    def git(*args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", "-C", here, *args], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return r.stdout if r.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    # status None (git failed halfway): unknown, recorded as None rather than guessed clean
+    return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
+
+
 def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | torch.device = "cpu") -> dict:
     """What every results and benchmark JSON records about where it ran (MEASURING.md, 'Record the context')."""
     device = torch.device(device)
@@ -178,9 +202,10 @@ def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | 
             "onednn_bf16": caps.onednn_bf16, "amx": caps.amx_bf16, "native_bf16": native_bf16(device),
             "gpu": gpu, "device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": sys.version.split()[0], "dtype": dtype, "seed": seed, "command": " ".join(sys.argv),
+            "git": code_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-__all__ = ["CpuCapabilities", "DEVICES", "DTYPES", "EmulatedDtypeWarning", "check_dtype", "cpu_capabilities",
-           "cpu_name", "fast_dtypes", "machine_context", "native_bf16", "parse_cpuinfo", "resolve_device",
-           "set_threads", "synchronize"]
+__all__ = ["CpuCapabilities", "DEVICES", "DTYPES", "EmulatedDtypeWarning", "check_dtype", "code_version",
+           "cpu_capabilities", "cpu_name", "fast_dtypes", "machine_context", "native_bf16", "parse_cpuinfo",
+           "resolve_device", "set_threads", "synchronize"]

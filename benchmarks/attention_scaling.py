@@ -1,9 +1,10 @@
 """Attention kernels and mixers vs sequence length: time, peak memory, growth exponents, crossovers.
 
-    python benchmarks/attention_scaling.py [--seq-lens 1024,2048,4096,8192,16384,32768] [--repeats 2]
+    python benchmarks/attention_scaling.py [--seq-lens 1024,2048,4096,8192,16384,32768] [--repeats 3]
 
 Batch 1, 12 heads, head dim 64, fp32, causal; each configuration in a fresh subprocess (peak RSS over
-its own baseline). Configurations predicted to need more than the budget are skipped and reported.
+its own baseline), one untimed warm-up call, then the median of the timed repeats. Configurations
+predicted to need more than the budget are skipped and reported.
 Writes benchmarks/results/attention_scaling.json.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-lens", default="1024,2048,4096,8192,16384,32768")
     ap.add_argument("--kernels", default=",".join(KERNELS))
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget-gb", type=float, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))

@@ -96,3 +96,23 @@ def test_bad_results_file(tmp_path):
         load_results(tmp_path / "r.json")
     with pytest.raises(AttnlabError, match="no such claim"):
         run_report("quick", only=[99])
+
+
+def test_results_record_the_code_version_and_the_page_shows_it():
+    """No experiment runs: the context every results JSON carries, rendered with one fake claim."""
+    from attnlab.runtime import machine_context
+
+    ctx = machine_context(0, device="cpu")
+    git = ctx["git"]  # this test runs from a git checkout, so the commit is known
+    assert isinstance(git, dict) and len(git["commit"]) == 40 and int(git["commit"], 16) >= 0
+    assert git["dirty"] in (True, False)
+    claim = {"id": 4, "title": "Order must be injected", "claim": "c", "prediction": "p", "threshold": "t",
+             "source": "s.py", "verdict": SUPPORTED, "figure": "f", "elapsed_s": 0.1, "plots": []}
+    results = {"scale": "quick", "context": {**ctx, "git": {"commit": "a" * 40, "dirty": True}}, "claims": [claim]}
+    html = render(results)
+    assert f'<code title="{"a" * 40}">aaaaaaa</code> (uncommitted changes)' in html
+    assert "aaaaaaa</code> (uncommitted" not in render({**results, "context": {**ctx, "git": {"commit": "a" * 40,
+                                                                                                "dirty": False}}})
+    assert "not a git checkout" in render({**results, "context": {**ctx, "git": None}})
+    old = {k: v for k, v in ctx.items() if k != "git"}  # a results.json written before the field existed
+    assert "code not recorded" in render({**results, "context": old})

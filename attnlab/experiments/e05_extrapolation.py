@@ -20,6 +20,15 @@ THRESHOLD = "The claim is supported if rope's perplexity ratio (4L vs L) is lowe
 
 ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi")
 
+# Changes to how this claim is measured, dated; CLAIM, PREDICTION and THRESHOLD above are unchanged by them.
+CHANGES = [
+    {"date": "2026-11-30",
+     "what": "The sinusoidal baseline scales the token embedding by sqrt(dim) before adding the encodings "
+             "(Vaswani et al. 2017, sec. 3.4), as the original paper does; models/positional.py: Sinusoidal.",
+     "why": "Unscaled, unit-amplitude encodings on embeddings initialised at std 0.02 drowned the tokens, so the "
+            "baseline trained worse than no positions at all: a broken baseline, not the method the claim names."},
+]
+
 
 def _train(pos, task, cfg_t, L, device):
     torch.manual_seed(0)

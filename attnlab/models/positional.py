@@ -32,16 +32,22 @@ class Positional(nn.Module):
 
 
 class Sinusoidal(Positional):
-    """Vaswani et al. 2017, sec. 3.5: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(same)."""
+    """Vaswani et al. 2017, sec. 3.5: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(same);
+    embed(x) = x * sqrt(dim) + PE, the token embedding scaled as in sec. 3.4."""
 
     def __init__(self, dim: int):
         super().__init__()
         self.register_buffer("inv_freq", 10000.0 ** (-torch.arange(0, dim, 2).float() / dim), persistent=False)
+        # Sec. 3.4: "In the embedding layers, we multiply those weights by sqrt(d_model)". Why: our token
+        # embeddings start at std 0.02 while PE has unit amplitude, so unscaled the positions drowned the
+        # tokens and this baseline trained worse than no positions at all (claim 5). Scaling the output, not
+        # the weights, is the same function, leaves a tied LM head and the checkpoint format untouched.
+        self.scale = math.sqrt(dim)
 
     def embed(self, x, positions):
         angles = positions.float()[..., None] * self.inv_freq  # (T, dim/2) or (B, T, dim/2)
         pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (..., T, dim) interleaved sin, cos
-        return x + pe.to(x.dtype)
+        return x * self.scale + pe.to(x.dtype)
 
 
 class Learned(Positional):
