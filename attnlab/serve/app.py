@@ -130,6 +130,14 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
             raise ApiError(401, "missing or wrong API key; send 'Authorization: Bearer KEY'", None,
                            "invalid_api_key", "authentication_error")
 
+    def refused(request: Request, endpoint: str) -> JSONResponse | None:
+        """The 401 answer for a request without the API key, else None."""
+        try:
+            auth(request)
+        except ApiError as err:
+            return error(err, endpoint)
+        return None
+
     async def read_body(request: Request) -> bytes:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
@@ -287,10 +295,8 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
 
     @app.get("/v1/models")
     async def models(request: Request):
-        try:
-            auth(request)
-        except ApiError as err:
-            return error(err, "/v1/models")
+        if (denied := refused(request, "/v1/models")) is not None:
+            return denied
         metrics.requests.labels("/v1/models", "200").inc()
         return {"object": "list", "data": [{"id": served.name, "object": "model", "created": served.created,
                                             "owned_by": "attnlab", "max_model_len": context}]}
@@ -306,18 +312,14 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
 
     @app.get("/api/load")
     async def load(request: Request):
-        try:
-            auth(request)
-        except ApiError as err:
-            return error(err, "/api/load")
+        if (denied := refused(request, "/api/load")) is not None:
+            return denied
         return worker.snapshot()
 
     @app.get("/api/info")
     async def info(request: Request):
-        try:
-            auth(request)
-        except ApiError as err:
-            return error(err, "/api/info")
+        if (denied := refused(request, "/api/info")) is not None:
+            return denied
         from attnlab.runtime import cpu_name
 
         pool = worker.pool
