@@ -1,5 +1,5 @@
-"""One claim per file, found by name: ``eNN_slug.py`` defines CLAIM, PREDICTION, THRESHOLD, TITLE and
-``run(scale, device) -> Outcome``. Adding a claim is adding one file."""
+"""One claim per file, found by name: ``eNN_slug.py`` defines CLAIM, PREDICTION, THRESHOLD, TITLE, CHANGES,
+``measure``, ``decide`` and ``run(scale, device) -> Outcome``. Adding a claim is adding one file."""
 from __future__ import annotations
 
 import importlib
@@ -18,6 +18,7 @@ def registry() -> dict[int, Experiment]:
         mod = importlib.import_module(f"{__name__}.{info.name}")
         exp = Experiment(id=int(m.group(1)), slug=m.group(2), title=mod.TITLE, claim=mod.CLAIM,
                          prediction=mod.PREDICTION, threshold=mod.THRESHOLD, run=mod.run,
+                         decide=getattr(mod, "decide", None), changes=list(getattr(mod, "CHANGES", [])),
                          source=f"attnlab/experiments/{info.name}.py")
         out[exp.id] = exp
     return out

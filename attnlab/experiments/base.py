@@ -1,10 +1,16 @@
 """What every experiment declares and returns.
 
 An experiment states its claim, its prediction and the threshold that would support it *before*
-measuring (module constants, so they are fixed in code, not chosen after the fact), then runs at
-``quick`` or ``full`` scale and returns data, plots and a verdict computed from that data by
-``decide``. A claim the data refutes is reported as "not supported"; too little signal is
-"inconclusive".
+measuring (module constants, so they are fixed in code, not chosen after the fact). Each module has
+
+    measure(scale, device) -> dict      # the measurements only (JSON-able), no verdict
+    decide(measured: dict) -> Decision  # pure: no torch, no clock; tests feed it made-up measurements
+    run(scale, device) -> Outcome       # measure, decide, and lay out plots and tables
+
+so a test can show that every verdict can come out "not supported" or "inconclusive". A claim the data
+refutes is reported as "not supported"; too little signal is "inconclusive". A module's ``CHANGES``
+list records every change to its prediction, threshold or method after the first measurement (date,
+old, new, why); the report shows it under the claim.
 """
 from __future__ import annotations
 
@@ -42,6 +48,12 @@ class Outcome:
     table: list[dict] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)
     device: str | None = None  # where it ran, when not the device it was given (e01 traces on "meta")
+    reasons: list[str] = field(default_factory=list)  # each check decide() made, with its numbers
+
+    @classmethod
+    def of(cls, decision: "Decision", data: dict, plots=(), table=(), caveats=(), device=None) -> "Outcome":
+        return cls(decision.verdict, decision.figure, data, list(plots), list(table), list(caveats), device,
+                   list(decision.reasons))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,7 +68,16 @@ class Experiment:
     prediction: str
     threshold: str
     run: Callable  # run(scale: str, device: str) -> Outcome
+    decide: Callable | None = None  # decide(measured: dict) -> Decision
+    changes: list = field(default_factory=list)  # the module's CHANGES: [{date, what, old, new, why}]
     source: str = ""
+
+
+@dataclass
+class Decision:
+    verdict: str
+    figure: str  # the key measured figure, in words
+    reasons: list[str] = field(default_factory=list)  # each check, with its numbers, in the order made
 
 
 def verdict(supported: bool | None) -> str:
@@ -75,6 +96,54 @@ def fit_exponent(xs, ys) -> float | None:
     my = sum(p[1] for p in pts) / len(pts)
     den = sum((p[0] - mx) ** 2 for p in pts)
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
+
+
+def plausible_exponent(e: float | None, lo: float, hi: float) -> bool:
+    """A fitted growth exponent a kernel can physically have: an O(T*sqrt(T)) kernel fitting below 1, or any
+    kernel below 0.5, is a measuring fault (noise, a cold first call), not a result; the verdict is then inconclusive."""
+    return e is not None and lo <= e <= hi
+
+
+def spread(samples) -> float:
+    """max - min over seeds (or repeats): the margin a comparison must beat before it counts."""
+    samples = [s for s in samples if s is not None]
+    return max(samples) - min(samples) if len(samples) > 1 else 0.0
+
+
+def mean(samples) -> float:
+    samples = [s for s in samples if s is not None]
+    return sum(samples) / len(samples)
+
+
+def compare(a, b) -> bool | None:
+    """Is ``a`` larger than ``b`` by more than the seed spread? True: larger beyond the spread; False: smaller
+    beyond it; None: the difference is within the spread (inconclusive). ``a``/``b`` are one value per seed."""
+    diff = mean(a) - mean(b)
+    noise = max(spread(a), spread(b))
+    if abs(diff) <= noise:
+        return None
+    return diff > 0
+
+
+def timing(fn, repeats: int = 5, warmup: int = 1, *, device) -> dict:
+    """Median, min and max wall time of ``fn()`` after ``warmup`` untimed calls: the median is the figure, the
+    range is the spread a reader needs to judge it."""
+    import time
+
+    from attnlab.runtime import synchronize
+
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        synchronize(device)
+        ts.append(time.perf_counter() - t)
+    ts.sort()
+    return {"median_s": ts[len(ts) // 2] if len(ts) % 2 else (ts[len(ts) // 2 - 1] + ts[len(ts) // 2]) / 2,
+            "min_s": ts[0], "max_s": ts[-1], "repeats": repeats}
 
 
 def median_time(fn, repeats: int = 3, warmup: int = 1, *, device) -> float:

@@ -31,7 +31,8 @@ def run_report(scale: str = "quick", only: list[int] | None = None, device: str 
         t = time.perf_counter()
         outcome = exp.run(scale, device)
         entry = {"id": exp.id, "slug": exp.slug, "title": exp.title, "claim": exp.claim, "prediction": exp.prediction,
-                 "threshold": exp.threshold, "source": exp.source, "elapsed_s": time.perf_counter() - t,
+                 "threshold": exp.threshold, "changes": exp.changes, "source": exp.source,
+                 "elapsed_s": time.perf_counter() - t,
                  **outcome.to_dict()}
         entry["device"] = outcome.device or device  # an experiment that ran elsewhere (e.g. "meta") says so
         claims.append(entry)
