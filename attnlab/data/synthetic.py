@@ -61,3 +61,59 @@ def mqar_batch(batch_size: int, seq_len: int, vocab: int, n_pairs: int, generato
     if return_distance:
         return inputs, targets, distance[:, 1:]
     return inputs, targets
+
+
+def recall_vocab(vocab: int) -> tuple[range, range, range]:
+    """The ranges of key, value and filler tokens in ``recall_batch``: three disjoint thirds of 1..vocab-1."""
+    third = (vocab - 1) // 3
+    return range(1, 1 + third), range(1 + third, 1 + 2 * third), range(1 + 2 * third, vocab)
+
+
+def recall_batch(batch_size: int, seq_len: int, vocab: int, n_pairs: int, generator: torch.Generator,
+                 filler: int | tuple[int, int] = 0, place: float | None = None, n_queries: int | None = None):
+    """MQAR with queries back to back and irrelevant tokens in the context; returns (x, y, info).
+
+    Sequence: the n_pairs "key value" bigrams, in random order, scattered among ``filler`` irrelevant tokens
+    (an int, or a (lo, hi) range drawn per sequence), then queries: keys asked again, one per position, until
+    seq_len (or ``n_queries`` of them). y holds the value at each query and IGNORE elsewhere. With queries
+    back to back every position after the context is a labelled question, ~seq_len / n_pairs times more
+    than Zoology's one query per pair, the same skill at a fraction of the compute. ``place`` in [0, 1]
+    puts the first pair at that fraction of the filler (0 = start of the context, 1 = just before the
+    queries), and every query then asks for it, for the position experiments.
+    info: "distance" (B, T), query position minus its key's position (-1 where unlabelled); "value_pos"
+    (B, T), where the asked value sits (-1 where unlabelled); "context_len" (B,).
+    """
+    keys_r, values_r, filler_r = recall_vocab(vocab)
+    if n_pairs < 1 or n_pairs > len(keys_r):
+        raise DataError(f"recall with n_pairs={n_pairs} needs vocab >= {3 * n_pairs + 1} (distinct keys), got {vocab}")
+    lo, hi = (filler, filler) if isinstance(filler, int) else filler
+    n_q = n_queries if n_queries is not None else seq_len - 2 * n_pairs - hi
+    if n_q < 1 or 2 * n_pairs + hi + n_q > seq_len:
+        raise DataError(f"recall with {n_pairs} pairs, up to {hi} filler tokens and {n_q} queries needs "
+                        f"seq_len >= {2 * n_pairs + hi + max(n_q, 1)}, got {seq_len}")
+    B, P, T = batch_size, n_pairs, seq_len
+    keys = torch.rand(B, len(keys_r), generator=generator).argsort(1)[:, :P] + keys_r.start  # (B, P) distinct
+    values = torch.randint(values_r.start, values_r.stop, (B, P), generator=generator)
+    n_fill = torch.randint(lo, hi + 1, (B, 1), generator=generator)  # (B, 1)
+    # Each pair sits at a cut point in 0..n_fill of the filler (sorted, repeats allowed): the j-th pair in
+    # context order starts at cut_j + 2j.
+    cuts = (torch.rand(B, P, generator=generator) * (n_fill + 1)).long().clamp(max=n_fill)
+    if place is not None:
+        cuts[:, 0] = (place * n_fill[:, 0]).round().long()
+    sorted_cuts, order = cuts.sort(dim=1, stable=True)
+    key_pos = torch.empty_like(cuts).scatter_(1, order, sorted_cuts + 2 * torch.arange(P))  # (B, P), per pair
+    context_len = n_fill[:, 0] + 2 * P  # (B,)
+    t = torch.arange(T).expand(B, T)
+    x = torch.randint(filler_r.start, filler_r.stop, (B, T), generator=generator)
+    x.scatter_(1, key_pos, keys)
+    x.scatter_(1, key_pos + 1, values)
+    asked = (torch.zeros(B, T, dtype=torch.long) if place is not None
+             else torch.randint(0, P, (B, T), generator=generator))
+    query = (t >= context_len[:, None]) & (t < context_len[:, None] + n_q)
+    x = torch.where(query, keys.gather(1, asked), x)
+    x = torch.where(t >= context_len[:, None] + n_q, torch.zeros_like(x), x)  # the unused tail: filler 0
+    y = torch.where(query, values.gather(1, asked), torch.full_like(x, IGNORE))
+    asked_pos = key_pos.gather(1, asked)
+    distance = torch.where(query, t - asked_pos, torch.full_like(x, -1))
+    value_pos = torch.where(query, asked_pos + 1, torch.full_like(x, -1))
+    return x, y, {"distance": distance, "value_pos": value_pos, "context_len": context_len}

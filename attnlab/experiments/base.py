@@ -125,6 +125,15 @@ def compare(a, b) -> bool | None:
     return diff > 0
 
 
+def exceeds(samples, threshold: float) -> bool | None:
+    """Is the mean of ``samples`` (one per seed) above ``threshold`` by more than their spread? True: above beyond
+    the spread; False: below beyond it; None: within the spread of the threshold (inconclusive)."""
+    diff = mean(samples) - threshold
+    if abs(diff) <= spread(samples):
+        return None
+    return diff > 0
+
+
 def timing(fn, repeats: int = 5, warmup: int = 1, *, device) -> dict:
     """Median, min and max wall time of ``fn()`` after ``warmup`` untimed calls: the median is the figure, the
     range is the spread a reader needs to judge it."""
