@@ -65,8 +65,8 @@ class Setup:
 SETUPS = {
     "quick": Setup(seq_len=40, vocab=64, train_pairs=(4, 8), test_pairs=(2, 4, 8), filler=(0, 8), filler_from=0.5,
                    dim=64, heads=4, steps=800, batch=32, lrs=(1e-3,), seeds=1, test_n=256),
-    "full": Setup(seq_len=80, vocab=128, train_pairs=(4, 8, 16), test_pairs=(4, 8, 12, 16), filler=(0, 16),
-                  filler_from=0.5, dim=64, heads=4, steps=2000, batch=32, lrs=(3e-4, 1e-3, 3e-3), seeds=3, test_n=512),
+    "full": Setup(seq_len=64, vocab=128, train_pairs=(4, 8, 16), test_pairs=(4, 8, 12, 16), filler=(0, 12),
+                  filler_from=0.5, dim=64, heads=4, steps=1200, batch=32, lrs=(3e-4, 1e-3, 3e-3), seeds=3, test_n=512),
 }
 
 VALIDATION_SEED, TEST_SEED = 7, 99
