@@ -52,8 +52,8 @@ def _cost_validate(args) -> int:
     print("calibration (micro-benchmarks only, at shapes no case below uses):")
     print(f"  matmul   W x 3W, W x W, W x 4W, 4W x W for W in {c['widths']}: prefill rows {c['prefill_rows']}; "
           f"decode rows {c['decode_rows']} over {c['working_sets_mib'][0]}-{c['working_sets_mib'][-1]} MiB of weights")
-    print(f"  attention {c['attention_heads']} heads, head_dim {c['attention_head_dims']}: causal T {c['attention_tokens']}; "
-          f"one query over S {c['attention_keys']} keys")
+    print(f"  attention {c['attention_heads']} heads, head_dim {c['attention_head_dims']}: causal T "
+          f"{c['attention_tokens']}; one query over S {c['attention_keys']} keys")
     print(f"  elementwise layer mix on rows {c['elementwise_rows']} x W;  overhead probe: dim {p['dim']}, "
           f"{p['layers']} layers, {p['batch']} sequences, prompt {p['prompt']}")
     print(f"  run {len(res['calibrations'])} times, before, between and after the cases; each case predicted from "

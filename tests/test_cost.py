@@ -163,7 +163,7 @@ def test_the_last_output_token_needs_no_context_position():
 
 TINY_CALIBRATION = {"widths": (40, 72), "prefill_rows": (12, 36), "decode_rows": (1, 3), "working_sets_mib": (0.1, 0.4),
                     "attention_heads": 2, "attention_tokens": (20, 44), "attention_head_dims": (8, 24),
-                    "attention_keys": (12, 52), "elementwise_rows": (1, 12), "floor_width": 16,
+                    "attention_keys": (12, 52), "elementwise_rows": (1, 12), "floor_width": 16, "cold_mib": (0, 1),
                     "probe": {"dim": 16, "n_heads": 2, "vocab_size": 32, "layers": (1, 3), "batch": (1, 2),
                               "prompt": 6, "new_tokens": 4}}
 
@@ -249,7 +249,8 @@ def _synthetic_micro(flops=1e11, stream=1e10, overhead=1e-5):
     t = lambda s: {"wall": s, "cpu": s, "wall_min": s}  # noqa: E731
     zero = t(0.0)
     lin = {"floor": zero, "prefill": [[w, m, t(24 * m * w * w / flops)] for w in (96, 1280) for m in (48, 1536)],
-           "decode": [[w, r, ws, t(12 * w * w * 4 / stream)] for w in (96, 1280) for r in (1, 8) for ws in (2 ** 20, 2 ** 28)]}
+           "decode": [[w, r, ws, t(12 * w * w * 4 / stream)]
+                      for w in (96, 1280) for r in (1, 8) for ws in (2 ** 20, 2 ** 28)]}
     H = CALIBRATION["attention_heads"]
     att = {"floor": {"prefill": zero, "decode": zero},
            "prefill": [[T, D, t(H * 4 * D * T * (T + 1) / 2 / flops)] for T in (96, 1536) for D in (24, 96)],
@@ -257,10 +258,10 @@ def _synthetic_micro(flops=1e11, stream=1e10, overhead=1e-5):
                       for ws in (2 * H * S * D * 4, 2 ** 26)]}
     ew = {"floor": zero, "rows": [[m, w, elementwise_elements(m, w), t(elementwise_elements(m, w) / 1e9)]
                                   for m in (1, 1536) for w in (96, 1280)]}
-    probe = {"rows": [[1, 1, {"wall": {"ttft": 1e-3 + 40 * overhead, "decode": 40 * overhead},
-                              "cpu": {"ttft": 1e-3 + 40 * overhead, "decode": 40 * overhead}}, {"prefill": 40, "decode": 40}],
-                      [16, 1, {"wall": {"ttft": 1e-3 + 520 * overhead, "decode": 520 * overhead},
-                               "cpu": {"ttft": 1e-3 + 520 * overhead, "decode": 520 * overhead}}, {"prefill": 520, "decode": 520}]]}
+    def probe_row(layers, ops):
+        t = {"ttft": 1e-3 + ops * overhead, "decode": ops * overhead}
+        return [layers, 1, {"wall": t, "cpu": t}, {"prefill": ops, "decode": ops}]
+    probe = {"rows": [probe_row(1, 40), probe_row(16, 520)]}
     return {"linear": {"fp32": lin}, "attention": att, "elementwise": {"fp32": ew}, "probe": probe,
             "memory": {"touch_bytes": 1e9, "touch": t(0.1), "read_bytes": 1e9, "read": t(0.1)}, "shapes": CALIBRATION}
 
@@ -297,7 +298,7 @@ def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, caps
 
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
     micro = {**_synthetic_micro(), "seconds": 0.0, "dtypes": ["fp32"]}
-    monkeypatch.setattr(hardware, "calibrate", lambda dtypes=None: hardware.Hardware(
+    monkeypatch.setattr(hardware, "calibrate", lambda dtypes=None, modules=None: hardware.Hardware(
         "local", {"fp32": 1e11}, 1e10, 1e10, 1e-5, "test", micro=micro))
     cases = (v._case(128, 2, 4, 64, 1), v._case(256, 3, 4, 100, 2), v._case(128, 2, 4, 64, 1, "bf16"))
     monkeypatch.setattr(v, "CASES", cases)

@@ -13,6 +13,8 @@ whole model, but one 16 wide, which ``attnlab cost --validate`` never validates.
 - ``elementwise``: seconds for one layer's non-matmul kernels (two layer norms, two adds, rotary on q and k,
   GELU) on M rows of width W;
 - ``floors``: each of the above at a tiny shape, where only the cost of calling it is left;
+- ``cold_dispatch``: the floor's tiny kernels just after 0 to 32 MiB were streamed through the caches: how
+  much dearer dispatching gets when a big matmul has just evicted what it needs;
 - ``probe``: a 16-wide transformer of 1 and 16 layers, run by the engine (1 and 6 sequences): the fixed cost
   of each dispatched op and of each engine step;
 - ``memory``: the bandwidth of a large sum (reading) and of first-touch writes to fresh zeros (a new KV cache).
@@ -46,6 +48,7 @@ CALIBRATION = {
     "probe": {"dim": 16, "n_heads": 2, "vocab_size": 32, "layers": (1, 16), "batch": (1, 6), "prompt": 24,
               "new_tokens": 17},
     "floor_width": 16,  # the tiny shape of each floor
+    "cold_mib": (0, 0.5, 2, 8, 32),  # bytes streamed just before the floor's mix, for the cold-dispatch table
 }
 PREFILL_FLOP_CAP = 1.3e10  # FLOPs of one timed set: keeps the table to seconds on a 2-core machine
 ELEMENT_CAP = 2 * 2 ** 20
@@ -90,19 +93,28 @@ def _run_sets(sets: list[list[nn.Module]], rows: int, W: int, act_dtype) -> call
     return fn
 
 
-def linear_tables(dtypes: tuple[str, ...]) -> dict:
-    """{dtype: {"prefill": [[W, M, s]], "decode": [[W, rows, bytes, s]], "floor": s}} (seconds per layer set)."""
+def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None) -> dict:
+    """{dtype: {"prefill": [[W, M, s]], "decode": [[W, rows, bytes, s]], "floor": s}} (seconds per layer set).
+    ``modules``: a dict that keeps the matrices built here for the next calibration in the same process (building
+    them is most of this table's time; a validation calibrates three times)."""
     from attnlab.engine.quantize import DTYPES
+
+    modules = {} if modules is None else modules
+
+    def sets(W, dtype, rows, n):
+        have = modules.setdefault((W, dtype, rows), [])
+        have += [_layer_set(W, dtype, rows) for _ in range(n - len(have))]
+        return have[:n]
 
     out = {}
     for dtype in dtypes:
         act = DTYPES[dtype]
         nbytes = {"fp32": 4, "bf16": 2, "int8": 1}[dtype]
-        tiny = _layer_set(CALIBRATION["floor_width"], dtype)
-        floor = _time(_run_sets([tiny], 1, CALIBRATION["floor_width"], act), repeats=7, inner=20)
+        floor = _time(_run_sets(sets(CALIBRATION["floor_width"], dtype, 1, 1), 1, CALIBRATION["floor_width"], act),
+                      repeats=7, inner=20)
         prefill, decode = [], []
         for W in CALIBRATION["widths"]:
-            one = _layer_set(W, dtype)
+            one = sets(W, dtype, 1, 1)[0]
             for M in CALIBRATION["prefill_rows"]:
                 if 24 * M * W * W > PREFILL_FLOP_CAP:
                     continue
@@ -112,11 +124,10 @@ def linear_tables(dtypes: tuple[str, ...]) -> dict:
             counts = sorted({min(max(1, round(ws * MiB / set_bytes)), MAX_SETS)
                              for ws in CALIBRATION["working_sets_mib"]})
             for rows in CALIBRATION["decode_rows"]:
-                sets = [_layer_set(W, dtype, rows) for _ in range(counts[-1])]  # laid out for `rows`, as decode is
+                laid = sets(W, dtype, rows, counts[-1])  # laid out for `rows`, as decode's are
                 for n in counts:  # the first n sets, cycled: a working set of n sets
-                    t = _time(_run_sets(sets[:n], rows, W, act), repeats=3)
+                    t = _time(_run_sets(laid[:n], rows, W, act), repeats=3)
                     decode.append([W, rows, n * set_bytes, {k: v / n for k, v in t.items()}])
-                del sets
         out[dtype] = {"prefill": prefill, "decode": decode, "floor": floor}
     return out
 
@@ -234,7 +245,7 @@ def time_generate(model, prompts: list[list[int]], new_tokens: int, repeats: int
         return time.perf_counter() - w, time.process_time() - c
 
     start, warm = time.perf_counter(), 0
-    while warm < 2 or time.perf_counter() - start < min_warm_s:  # thread pools, allocator, first touch
+    while warm < 1 or time.perf_counter() - start < min_warm_s:  # thread pools, allocator, first touch
         call(1)
         call(new_tokens)
         warm += 1
@@ -283,6 +294,28 @@ def probe() -> dict:
     return {"rows": rows}
 
 
+def cold_dispatch(trials: int = 25) -> dict:
+    """{"rows": [[bytes, s]]}: seconds of the elementwise floor's 15 tiny kernels (all dispatch, no arithmetic)
+    just after ``bytes`` were streamed through the caches (a sum). Why: in a decode step every small op follows a
+    matrix that was streamed from memory and evicted what dispatching needs; measured here, the same 15 calls took
+    53 us after nothing and 125-280 us after 8-128 MiB. Each figure is the median of ``trials``, timed around the
+    kernels only."""
+    mix = _elementwise_mix(1, CALIBRATION["floor_width"], torch.float32)
+    rows = []
+    for mib in CALIBRATION["cold_mib"]:
+        buf = torch.ones(max(1, int(mib * MiB) // 4))
+        mix()
+        wall, cpu = [], []
+        for _ in range(trials):
+            buf.sum()
+            w, c = time.perf_counter(), time.process_time()
+            mix()
+            wall.append(time.perf_counter() - w)
+            cpu.append(time.process_time() - c)
+        rows.append([int(mib * MiB), {"wall": statistics.median(wall), "cpu": statistics.median(cpu)}])
+    return {"rows": rows}
+
+
 def memory() -> dict:
     """Read bandwidth of a 256 MiB sum; first-touch write bandwidth of a fresh 64 MiB zeros tensor (what a new KV
     cache costs: the pages are mapped and zeroed as they are first written)."""
@@ -325,14 +358,15 @@ def shapes() -> set[tuple]:
     return out
 
 
-def run(dtypes: tuple[str, ...]) -> dict:
-    """Every micro-benchmark, for ``dtypes``; the raw figures ``cost.cpu`` reads."""
+def run(dtypes: tuple[str, ...], modules: dict | None = None) -> dict:
+    """Every micro-benchmark, for ``dtypes``; the raw figures ``cost.cpu`` reads. ``modules``: see linear_tables."""
     t0 = time.perf_counter()
     out, took = {}, {}
     with torch.inference_mode():
-        for name, bench in (("probe", probe), ("linear", lambda: linear_tables(dtypes)),
+        for name, bench in (("probe", probe), ("linear", lambda: linear_tables(dtypes, modules)),
                             ("attention", attention_tables),
-                            ("elementwise", lambda: elementwise_table(dtypes)), ("memory", memory)):
+                            ("elementwise", lambda: elementwise_table(dtypes)), ("cold_dispatch", cold_dispatch),
+                            ("memory", memory)):
             t = time.perf_counter()
             out[name] = bench()
             took[name] = time.perf_counter() - t

@@ -3,19 +3,21 @@
 A forward is the sum of what its parts cost when run one after another (a CPU runs them in sequence, each
 limited by its own bottleneck):
 
-    prefill = engine call + rows * per-row + ops * per-op                  (probe: dispatch and Python)
+    prefill = engine call + rows * per-row + ops * per-op + dtype's extra (probe: dispatch and Python)
               + L * 2 * M * P_layer / FLOP/s(M, d)                         (linear_prefill, M = B * T rows)
               + L * B * H * 4 * D * T(T+1)/2 / FLOP/s(T, D)                (attention: causal, fp32 cache)
               + L * elements(M, d) * s/element(M, d)                       (elementwise)
               + head bytes / bytes/s + KV-cache bytes / first-touch bytes/s (memory)
-    decode  = engine step + rows * per-row + ops * per-op
+    decode  = engine step + rows * per-row + (small ops * cold(bytes one layer reads) + matmuls) * per-op
+              + dtype's extra                                               (cold_dispatch)
               + weight bytes / bytes/s(d, working set, B)                   (linear_decode: every weight, once)
               + L * B * Hkv * S * D * 2 * 4 / bytes/s(S, D)                 (attention: one query, fp32 keys)
               + L * elements(B, d) * s/element(B, d)
 
 Each rate is interpolated (log-log, clamped at the ends) in the table measured at other shapes; each table's
 figure is taken above the cost of calling the same kernel at a tiny shape (its floor), which the per-op term
-carries. ``clock`` picks the wall-time or the CPU-time figures of the same calibration.
+carries (the probe runs fp32: "dtype's extra" is what another dtype's floors cost beyond fp32's). ``clock`` picks
+the wall-time or the CPU-time figures of the same calibration.
 """
 from __future__ import annotations
 
@@ -64,6 +66,16 @@ def overheads(micro: dict, clock: str) -> dict:
         per_row = max((batched[0][2][clock][key] - t_lo) / (batched[0][1] - 1), 0.0) if batched else 0.0
         out[phase] = {"per_op_s": per_op, "fixed_s": fixed, "per_row_s": per_row}
     return out
+
+
+def cold_factor(micro: dict, clock: str, streamed_bytes: float) -> float:
+    """How much dearer a small op is when ``streamed_bytes`` went through the caches just before it than when
+    nothing did (calibrate.cold_dispatch; 1 where the calibration lacks the table). Interpolated in log bytes."""
+    rows = micro.get("cold_dispatch", {}).get("rows")
+    if not rows:
+        return 1.0
+    hot = rows[0][1][clock]
+    return max(1.0, _interp([(max(b, 1), t[clock] / hot) for b, t in rows], max(streamed_bytes, 1), log_y=False))
 
 
 def _floor(entry: dict, clock: str) -> float:
@@ -190,13 +202,19 @@ def decode_s(a: Arch, batch: int, S: int, micro: dict, dtype: str, ops: dict, cl
     weights = (L * layer_w + head_w) * dtype_bytes(dtype)
     kv = L * batch * a.n_kv_heads * (S + 1) * D * 8  # keys and values read, fp32
     step_bytes = weights + kv  # what one step reads: it decides whether the reads come from cache or from DRAM
+    # Each small op runs once per layer: between two runs of the same op (its code, its module's objects) one
+    # layer's weights and cache went through the caches, so it dispatches as cold as that (cold_factor). The matmul
+    # calls' own dispatch is inside the streaming table's figures already.
+    cold = cold_factor(micro, clock, step_bytes / L)
+    small_ops = ops["decode"] - ops["decode_matmuls"]
     parts = {
-        "overhead": o["fixed_s"] + o["per_row_s"] * (batch - 1) + o["per_op_s"] * ops["decode"]
+        "overhead": o["fixed_s"] + o["per_row_s"] * (batch - 1)
+        + o["per_op_s"] * (small_ops * cold + ops["decode_matmuls"])
         + _dtype_extra_s(micro, dtype, clock, ops["decode_matmuls"], L),
         "linear": weights / _linear_decode_bw(micro, dtype, clock, a.dim, step_bytes, batch),
         "attention": kv / _attention_decode_bw(micro, clock, S + 1, D, step_bytes),
-        "elementwise": L * _layer_elements(a, 1, S, batch, dtype) * _elementwise_s_per_element(micro, dtype, clock, batch,
-                                                                                        a.dim),
+        "elementwise": L * _layer_elements(a, 1, S, batch, dtype)
+        * _elementwise_s_per_element(micro, dtype, clock, batch, a.dim),
     }
     parts["total"] = sum(parts.values())
     return parts

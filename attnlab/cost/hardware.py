@@ -98,11 +98,12 @@ def _cache_path() -> Path:
     return Path(os.environ.get("ATTNLAB_CACHE", Path.home() / ".cache" / "attnlab")) / "hardware-local.json"
 
 
-def calibrate(dtypes: tuple[str, ...] | None = None) -> Hardware:
+def calibrate(dtypes: tuple[str, ...] | None = None, modules: dict | None = None) -> Hardware:
     """Measure this machine now with the micro-benchmarks of ``cost.calibrate`` (matmul throughput and weight
     streaming per dtype, attention, elementwise kernels, per-op overhead, memory bandwidth; each at shapes no
     validated model uses). ``dtypes``: fp32 and whichever of bf16 / int8 this CPU runs natively (runtime.fast_dtypes).
-    The summary fields (peak FLOP/s, bandwidth, ...) are read off the same tables; ``micro`` keeps them whole."""
+    The summary fields (peak FLOP/s, bandwidth, ...) are read off the same tables; ``micro`` keeps them whole.
+    ``modules``: matrices kept between calibrations in one process (calibrate.linear_tables)."""
     import torch
 
     from attnlab.cost import calibrate as cal
@@ -110,7 +111,7 @@ def calibrate(dtypes: tuple[str, ...] | None = None) -> Hardware:
     from attnlab.runtime import cpu_name, fast_dtypes
 
     dtypes = tuple(dtypes or (d for d in fast_dtypes("cpu") if d != "int8"))
-    micro = cal.run(dtypes)
+    micro = cal.run(dtypes, modules)
     lin = micro["linear"]
 
     def above_floor(t, table):
@@ -137,7 +138,8 @@ def calibrate(dtypes: tuple[str, ...] | None = None) -> Hardware:
         source=f"measured {time.strftime('%Y-%m-%d %H:%M')} on {cpu_name()}, {torch.get_num_threads()} threads, "
                f"torch {torch.__version__}, micro-benchmarks v{CALIBRATION_VERSION} ({micro['seconds']:.0f} s)",
         flops_by_size={k: v for k, (_, v) in by_size.items()},
-        gemv_bytes_per_s=max(gemv[widest])[1], elementwise_per_s=big[2] / max(big[3]["wall"] - ew["floor"]["wall"], 1e-9),
+        gemv_bytes_per_s=max(gemv[widest])[1],
+        elementwise_per_s=big[2] / max(big[3]["wall"] - ew["floor"]["wall"], 1e-9),
         cache_bytes=_last_level_cache_bytes(), cached_gemv_bytes_per_s=max(min(v)[1] for v in gemv.values()),
         gemv_by_width={str(w): max(v)[1] for w, v in gemv.items()}, micro=micro)
 

@@ -21,7 +21,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -120,15 +119,16 @@ def _child() -> None:
         print(json.dumps(measure(Case(**case), repeats)))
 
 
-def predict(case: Case, micro: dict, clock: str = "cpu") -> dict:
-    """Predicted prefill and decode seconds, by part (cost.cpu), with the tracer's op counts."""
+def predict(case: Case, micro: dict, clock: str = "cpu", ops: dict | None = None) -> dict:
+    """Predicted prefill and decode seconds, by part (cost.cpu), with the tracer's op counts (``ops``, else
+    counted now)."""
     from attnlab.cost import cpu
     from attnlab.cost.arch import from_model_config
     from attnlab.cost.calibrate import op_counts
 
     cfg = case.model_config()
     a = from_model_config(cfg)
-    ops = op_counts(cfg, case.batch, case.prompt, case.prompt + NEW_TOKENS // 2, case.dtype)
+    ops = ops or op_counts(cfg, case.batch, case.prompt, case.prompt + NEW_TOKENS // 2, case.dtype)
     return {"prefill": cpu.prefill_s(a, case.batch, case.prompt, micro, case.dtype, ops, clock),
             "decode": cpu.decode_s(a, case.batch, case.prompt + NEW_TOKENS // 2, micro, case.dtype, ops, clock),
             "ops": ops}
@@ -151,7 +151,8 @@ def summarize(rows: list[dict], key: str = "error") -> dict:
 def rows_for(case: Case, measured: dict, micros: list[dict], clock: str) -> list[dict]:
     """The table's two rows (prefill, decode) of one case: predicted (the mean over ``micros``, the calibrations
     around the case) vs measured (medians) on ``clock``."""
-    preds = [predict(case, m, clock) for m in micros]
+    preds = [predict(case, micros[0], clock)]
+    preds += [predict(case, m, clock, preds[0]["ops"]) for m in micros[1:]]
     rows = []
     for phase, key in (("prefill", "ttft"), ("decode", "decode")):
         each = [p[phase]["total"] for p in preds]
@@ -199,9 +200,11 @@ def validate(cases=None, repeats: int = 5, group: int | None = None, progress=No
     dtypes = tuple(d for d in ("fp32", "bf16", "int8") if d == "fp32" or any(c.dtype == d for c in run))
     groups = [run[i:i + group] for i in range(0, len(run), group)]
 
+    modules: dict = {}  # the calibration's matrices, built once
+
     def calibrate(n):
         say(f"calibration {n + 1}/{len(groups) + 1} ({', '.join(dtypes)}; micro-benchmarks only)")
-        return hardware.calibrate(dtypes)
+        return hardware.calibrate(dtypes, modules)
 
     hws, measured, done = [calibrate(0)], {}, 0
     for g, cases_g in enumerate(groups):
@@ -211,6 +214,7 @@ def validate(cases=None, repeats: int = 5, group: int | None = None, progress=No
             measured[case.name] = _measure_in_child(case, repeats, threads)
         hws.append(calibrate(g + 1))
     hardware.save_local(hws[-1])
+    modules.clear()  # the matrices are no longer needed
     rows = []
     for g, cases_g in enumerate(groups):
         for case in cases_g:
