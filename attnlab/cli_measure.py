@@ -58,10 +58,11 @@ def _cost_validate(args) -> int:
           f"{p['layers']} layers, {p['batch']} sequences, prompt {p['prompt']}")
     print(f"  run {len(res['calibrations'])} times, before, between and after the cases; each case predicted from "
           "the two around it")
-    print(f"\n{'case':30s} {'phase':8s} {'predicted':>11s} {'measured':>11s} {'error':>8s}")
+    print(f"\n{'case':30s} {'phase':8s} {'predicted':>11s} {'measured':>11s} {'error':>8s}  calibrations differ")
     for r in res["rows"]:
+        each = r["predicted_by_calibration_s"]
         print(f"{r['case']:30s} {r['phase']:8s} {r['predicted_s'] * 1e3:9.2f}ms {r['measured_s'] * 1e3:9.2f}ms "
-              f"{r['error']:+8.1%}")
+              f"{r['error']:+8.1%}  {max(each) / min(each) - 1:6.0%}")
     a = s["all"]
     by = ", ".join(f"{ph} {s[ph]['median']:.1%} / {s[ph]['worst']:.1%}" for ph in ("prefill", "decode") if ph in s)
     print(f"\n|error| median {a['median']:.1%}, worst {a['worst']:.1%} over {a['n']} ({by}); goal median <= "

@@ -320,6 +320,11 @@ def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, caps
     assert "predicted" in text and "d256-L3-T100-B2-fp32" in text and "goal median <= 15%" in text
     assert "skipped d128-L2-T64-B1-bf16" in text and "W x 3W" in text
     assert res["context"]["cpu_capability"] and "onednn_bf16" in res["context"]
+    assert _cost_validate(Namespace(threads=1, out=str(out), json=True)) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["summary"]["all"]["n"] == 4 and len(printed["rows"]) == 4
+    from attnlab.cost.calibrate import CALIBRATION
+    assert printed["calibration_shapes"]["widths"] == list(CALIBRATION["widths"])
 
 
 def test_elementwise_passes_follow_the_layer_formulas():

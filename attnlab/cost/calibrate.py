@@ -126,7 +126,7 @@ def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None) -> dict:
             for rows in CALIBRATION["decode_rows"]:
                 laid = sets(W, dtype, rows, counts[-1])  # laid out for `rows`, as decode's are
                 for n in counts:  # the first n sets, cycled: a working set of n sets
-                    t = _time(_run_sets(laid[:n], rows, W, act), repeats=3)
+                    t = _time(_run_sets(laid[:n], rows, W, act), repeats=5)
                     decode.append([W, rows, n * set_bytes, {k: v / n for k, v in t.items()}])
         out[dtype] = {"prefill": prefill, "decode": decode, "floor": floor}
     return out
