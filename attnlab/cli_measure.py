@@ -42,8 +42,9 @@ def _cost_validate(args) -> int:
     s = res["summary"]
     if args.json:
         keys = ("case", "dtype", "phase", "predicted_s", "measured_s", "error", "measured_wall_s", "measured_cpu_s",
-                "predicted_by_calibration_s", "parts")
+                "predicted_by_calibration_s", "predicted_unpaced_s", "error_unpaced", "pace", "parts")
         print(json.dumps({"rows": [{k: r[k] for k in keys} for r in res["rows"]], "summary": s,
+                          "summary_unpaced": res["summary_unpaced"],
                           "skipped": res["skipped"], "clock": res["clock"], "threads": res["threads"],
                           "calibration_shapes": res["calibration_shapes"], "results": str(path)}))
         return 0
@@ -57,7 +58,7 @@ def _cost_validate(args) -> int:
     print(f"  elementwise layer mix on rows {c['elementwise_rows']} x W;  overhead probe: dim {p['dim']}, "
           f"{p['layers']} layers, {p['batch']} sequences, prompt {p['prompt']}")
     print(f"  run {len(res['calibrations'])} times, before, between and after the cases; each case predicted from "
-          "the two around it")
+          "the two around it, at the pace a 15 ms pulse saw beside it")
     print(f"\n{'case':30s} {'phase':8s} {'predicted':>11s} {'measured':>11s} {'error':>8s}  calibrations differ")
     for r in res["rows"]:
         each = r["predicted_by_calibration_s"]
@@ -67,6 +68,9 @@ def _cost_validate(args) -> int:
     by = ", ".join(f"{ph} {s[ph]['median']:.1%} / {s[ph]['worst']:.1%}" for ph in ("prefill", "decode") if ph in s)
     print(f"\n|error| median {a['median']:.1%}, worst {a['worst']:.1%} over {a['n']} ({by}); goal median <= "
           f"{s['goal']['median']:.0%}, worst <= {s['goal']['worst']:.0%}: {'met' if s['met'] else 'NOT met'}")
+    u = res["summary_unpaced"]["all"]
+    print(f"without scaling to the pace the pulse saw beside each case: median {u['median']:.1%}, "
+          f"worst {u['worst']:.1%}")
     ratio = statistics.median(r["measured_wall_s"] / r["measured_cpu_s"] for r in res["rows"])
     if res["clock"] == "cpu":
         print(f"clock: CPU time of the one-thread engine process (its wall time on an idle core); its wall time was "

@@ -290,21 +290,24 @@ def test_cpu_prediction_is_the_sum_of_its_parts():
 
 def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, capsys):
     """The whole --validate path on made-up figures (no timing): calibrations around the cases, one row per case
-    and phase with error = predicted / measured - 1, the summary, the JSON file and the printed table."""
+    and phase with error = predicted / measured - 1, the pace scaling, the summary, the JSON file and the table."""
     from argparse import Namespace
 
     from attnlab.cli_measure import _cost_validate
     from attnlab.cost import validate as v
 
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
-    micro = {**_synthetic_micro(), "seconds": 0.0, "dtypes": ["fp32"]}
+    even = {"fp32": 1e-3, "memory": 1e-2, "dispatch": 1e-4}
+    micro = {**_synthetic_micro(), "seconds": 0.0, "dtypes": ["fp32"], "pulse": {"wall": even, "cpu": even}}
     monkeypatch.setattr(hardware, "calibrate", lambda dtypes=None, modules=None: hardware.Hardware(
         "local", {"fp32": 1e11}, 1e10, 1e10, 1e-5, "test", micro=micro))
     cases = (v._case(128, 2, 4, 64, 1), v._case(256, 3, 4, 100, 2), v._case(128, 2, 4, 64, 1, "bf16"))
     monkeypatch.setattr(v, "CASES", cases)
     monkeypatch.setattr("attnlab.runtime.fast_dtypes", lambda device="cpu": ("fp32",))
+    slow_fp32 = {**even, "fp32": 2e-3}  # matrix arithmetic ran at half the calibration's pace beside the cases
     measured = {"wall": {"ttft": 0.02, "decode": 0.004}, "cpu": {"ttft": 0.01, "decode": 0.002},
-                "spread": {"ttft_min": 0.01, "ttft_max": 0.01, "many_min": 0.05, "many_max": 0.05}}
+                "spread": {"ttft_min": 0.01, "ttft_max": 0.01, "many_min": 0.05, "many_max": 0.05},
+                "pulse": {"wall": slow_fp32, "cpu": slow_fp32}}
     monkeypatch.setattr(v, "_measure_in_child", lambda case, repeats, threads: measured)
     monkeypatch.setattr(v, "GROUP", 1)
     out = tmp_path / "res.json"
@@ -316,6 +319,11 @@ def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, caps
     for r in res["rows"]:
         assert r["measured_s"] == measured["cpu"]["ttft" if r["phase"] == "prefill" else "decode"]
         assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
+        assert r["pace"][0] == {"fp32": 2.0, "memory": 1.0, "dispatch": 1.0}
+        if r["phase"] == "prefill":  # linear, attention and elementwise doubled; overhead and memory parts not
+            p = r["parts"]
+            assert r["predicted_s"] == pytest.approx(r["predicted_unpaced_s"] + (p["linear"] + p["attention"]
+                                                                                 + p["elementwise"]) / 2)
     assert res["summary"]["all"]["n"] == 4
     assert "predicted" in text and "d256-L3-T100-B2-fp32" in text and "goal median <= 15%" in text
     assert "skipped d128-L2-T64-B1-bf16" in text and "W x 3W" in text

@@ -17,7 +17,9 @@ whole model, but one 16 wide, which ``attnlab cost --validate`` never validates.
   much dearer dispatching gets when a big matmul has just evicted what it needs;
 - ``probe``: a 16-wide transformer of 1 and 16 layers, run by the engine (1 and 6 sequences): the fixed cost
   of each dispatched op and of each engine step;
-- ``memory``: the bandwidth of a large sum (reading) and of first-touch writes to fresh zeros (a new KV cache).
+- ``memory``: the bandwidth of a large sum (reading) and of first-touch writes to fresh zeros (a new KV cache);
+- ``pulse``: a 15 ms reference of the machine's pace (``Pulse``), timed between the benchmarks, which a
+  validation times again beside each case.
 
 Every figure is the median of its repeats after a warm-up, kept on two clocks: wall time (what a user waits
 for) and the process's CPU time (what the work took while it had a core; on a shared machine the two part).
@@ -93,10 +95,11 @@ def _run_sets(sets: list[list[nn.Module]], rows: int, W: int, act_dtype) -> call
     return fn
 
 
-def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None) -> dict:
+def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None, between=None) -> dict:
     """{dtype: {"prefill": [[W, M, s]], "decode": [[W, rows, bytes, s]], "floor": s}} (seconds per layer set).
     ``modules``: a dict that keeps the matrices built here for the next calibration in the same process (building
-    them is most of this table's time; a validation calibrates three times)."""
+    them is most of this table's time; a validation calibrates three times). ``between()`` is called after each
+    dtype's tables (the pulse)."""
     from attnlab.engine.quantize import DTYPES
 
     modules = {} if modules is None else modules
@@ -129,6 +132,8 @@ def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None) -> dict:
                     t = _time(_run_sets(laid[:n], rows, W, act), repeats=5)
                     decode.append([W, rows, n * set_bytes, {k: v / n for k, v in t.items()}])
         out[dtype] = {"prefill": prefill, "decode": decode, "floor": floor}
+        if between is not None:
+            between()
     return out
 
 
@@ -233,10 +238,48 @@ def _probe_config(layers: int):
                        max_seq_len=p["prompt"] + p["new_tokens"] + 8)
 
 
-def time_generate(model, prompts: list[list[int]], new_tokens: int, repeats: int, min_warm_s: float = 0.5) -> dict:
+class Pulse:
+    """A 15 ms reference of the machine's pace, one figure per kind of work, on plain torch kernels (no layout
+    chosen by measurement: every process runs the same ones): ``fp32`` and ``bf16`` (a 320 x 320 by 320 x 1280
+    matmul in each dtype, a calibration shape), ``memory`` (the sum of 64 MiB) and ``dispatch`` (100 additions of
+    16 numbers).
+
+    Why: on this shared machine the pace changes within seconds, even in CPU time: the same bf16 matmul ran at
+    490, 1220 and 780 GFLOP/s in one process a few seconds apart (other tenants share the cores' matrix units
+    and caches). Timed between the calibration's benchmarks and between a validation case's repeats, the ratio of
+    its medians says how much faster or slower each kind of work ran during the case than during the calibration
+    (MEASURING.md: calibrate in the same run)."""
+
+    def __init__(self, dtypes=("fp32", "bf16")):
+        a, b = torch.randn(320, 320), torch.randn(320, 1280)
+        big = torch.ones(16 * MiB)
+        x, y = torch.ones(16), torch.ones(16)
+
+        def dispatch():
+            for _ in range(100):
+                x + y
+        self._fns = {"memory": (lambda: big.sum(), 1), "dispatch": (dispatch, 2)}
+        for d, (ad, bd) in {"fp32": (a, b), "bf16": (a.bfloat16(), b.bfloat16())}.items():
+            if d in dtypes:
+                self._fns[d] = (lambda ad=ad, bd=bd: ad @ bd, 3)
+        self.samples = {k: [] for k in self._fns}
+
+    def __call__(self) -> None:
+        for kind, (fn, inner) in self._fns.items():
+            self.samples[kind].append(_time(fn, repeats=3, warm=1, inner=inner))
+
+    def medians(self) -> dict:
+        """{clock: {kind: median seconds}}."""
+        return {clock: {k: statistics.median(t[clock] for t in v) for k, v in self.samples.items()}
+                for clock in ("wall", "cpu")}
+
+
+def time_generate(model, prompts: list[list[int]], new_tokens: int, repeats: int, min_warm_s: float = 0.5,
+                  pulse: Pulse | None = None) -> dict:
     """Wall and CPU seconds of the engine's generate(), timed from outside, as the user waits for it:
     TTFT = a call that returns one new token; per-step decode = (a call for ``new_tokens`` - a call for one)
-    / (new_tokens - 1). The two calls alternate, after a warm-up of both; medians of each, then the difference."""
+    / (new_tokens - 1). The two calls alternate, after a warm-up of both; medians of each, then the difference.
+    A ``pulse`` is timed after the warm-up and after each pair (its medians are returned under "pulse")."""
     from attnlab.engine import generate
 
     def call(n):
@@ -249,11 +292,15 @@ def time_generate(model, prompts: list[list[int]], new_tokens: int, repeats: int
         call(1)
         call(new_tokens)
         warm += 1
+    if pulse is not None:
+        pulse()
     one, many = [], []
     for _ in range(repeats):
         one.append(call(1))
         many.append(call(new_tokens))
-    out = {}
+        if pulse is not None:
+            pulse()
+    out = {"pulse": pulse.medians()} if pulse is not None else {}
     for k, clock in enumerate(("wall", "cpu")):
         t1 = statistics.median(x[k] for x in one)
         tn = statistics.median(x[k] for x in many)
@@ -363,13 +410,17 @@ def run(dtypes: tuple[str, ...], modules: dict | None = None) -> dict:
     t0 = time.perf_counter()
     out, took = {}, {}
     with torch.inference_mode():
-        for name, bench in (("probe", probe), ("linear", lambda: linear_tables(dtypes, modules)),
+        pulse = Pulse(dtypes)
+        pulse()
+        for name, bench in (("probe", probe), ("linear", lambda: linear_tables(dtypes, modules, pulse)),
                             ("attention", attention_tables),
                             ("elementwise", lambda: elementwise_table(dtypes)), ("cold_dispatch", cold_dispatch),
                             ("memory", memory)):
             t = time.perf_counter()
             out[name] = bench()
             took[name] = time.perf_counter() - t
+            pulse()  # between the benchmarks: its medians are the machine's pace over the calibration
+    out["pulse"] = pulse.medians()
     out["seconds_by_benchmark"] = took
     out["dtypes"] = list(dtypes)
     out["shapes"] = CALIBRATION

@@ -168,6 +168,30 @@ def _matrix_params(a: Arch) -> tuple[int, int]:
     return per_layer, a.vocab_size * a.dim
 
 
+def part_kinds(phase: str, dtype: str) -> dict:
+    """Which pace (calibrate.Pulse) each part of a phase keeps: matrix arithmetic in its dtype (attention runs in
+    the fp32 cache's dtype, elementwise kernels on fp32 vector units), streaming from memory, or dispatch."""
+    if phase == "prefill":
+        return {"overhead": "dispatch", "linear": dtype if dtype in ("fp32", "bf16") else "fp32",
+                "attention": "fp32", "elementwise": "fp32", "head": "memory", "kv_cache": "memory"}
+    return {"overhead": "dispatch", "linear": "memory", "attention": "memory", "elementwise": "fp32"}
+
+
+def pace(calibration_pulse: dict, now_pulse: dict, clock: str) -> dict:
+    """{kind: now / calibration} of the pulse's medians: > 1 where the machine ran slower now."""
+    return {k: now_pulse[clock][k] / calibration_pulse[clock][k] for k in now_pulse[clock]}
+
+
+def at_pace(parts: dict, phase: str, dtype: str, calibration_pulse: dict, now_pulse: dict, clock: str) -> dict:
+    """``parts`` (predicted at the calibration's pace) each scaled by how much slower (> 1) or faster its kind ran
+    now: the ratio of the pulse's medians now and during the calibration (calibrate.Pulse.medians)."""
+    kinds = part_kinds(phase, dtype)
+    out = {k: v * now_pulse[clock][kinds[k]] / calibration_pulse[clock][kinds[k]]
+           for k, v in parts.items() if k != "total"}
+    out["total"] = sum(out.values())
+    return out
+
+
 def prefill_s(a: Arch, batch: int, T: int, micro: dict, dtype: str, ops: dict, clock: str = "wall") -> dict:
     """Predicted seconds of the engine's prefill (time to first token) of ``batch`` prompts of T tokens, by part.
     ``ops``: the tracer's counts (calibrate.op_counts)."""

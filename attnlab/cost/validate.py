@@ -3,7 +3,11 @@
 The ``local`` spec is calibrated by micro-benchmarks only (``cost.calibrate``), at shapes none of the
 validation cases below uses (``check_disjoint`` refuses to run otherwise), in the same run: before the first
 case, and again after every GROUP cases; each case is predicted from the two calibrations around it (the mean of
-the two predictions), because on a shared machine the pace drifts by tens of percent within minutes.
+the two predictions), because on a shared machine the pace drifts by tens of percent within minutes. A 15 ms
+pulse of plain kernels (calibrate.Pulse: fp32 and bf16 matmul, a memory sum, tiny ops) is timed between the
+calibration's benchmarks and between each case's repeats; each part of a prediction is scaled by how much faster
+or slower its kind of work ran beside the case than during the calibration (cpu.at_pace). The unscaled
+predictions are kept beside (``error_unpaced``).
 
 Each case is a randomly initialised attnlab transformer (seed 0) run by the engine in a fresh process: time to
 first token = a generate() call that returns one token; decode time per step = (a call for NEW_TOKENS - a call
@@ -97,8 +101,9 @@ def check_disjoint(cases=CASES) -> None:
 
 
 def measure(case: Case, repeats: int) -> dict:
-    """Time the engine on one case in this process (set_precision for the case's batch, as a server would)."""
-    from attnlab.cost.calibrate import time_generate
+    """Time the engine on one case in this process (set_precision for the case's batch, as a server would), with
+    the calibration's pulse timed between the repeats."""
+    from attnlab.cost.calibrate import Pulse, time_generate
     from attnlab.engine.quantize import set_precision
     from attnlab.models import build_model
 
@@ -107,7 +112,7 @@ def measure(case: Case, repeats: int) -> dict:
     model = set_precision(build_model(cfg), case.dtype, rows=case.batch)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, cfg.vocab_size, (case.prompt,), generator=g).tolist() for _ in range(case.batch)]
-    return time_generate(model, prompts, NEW_TOKENS, repeats, min_warm_s=1.0)
+    return time_generate(model, prompts, NEW_TOKENS, repeats, min_warm_s=1.0, pulse=Pulse((case.dtype, "fp32")))
 
 
 def _child() -> None:
@@ -149,17 +154,25 @@ def summarize(rows: list[dict], key: str = "error") -> dict:
 
 
 def rows_for(case: Case, measured: dict, micros: list[dict], clock: str) -> list[dict]:
-    """The table's two rows (prefill, decode) of one case: predicted (the mean over ``micros``, the calibrations
-    around the case) vs measured (medians) on ``clock``."""
+    """The table's two rows (prefill, decode) of one case: predicted vs measured (medians) on ``clock``. Each of
+    ``micros`` (the calibrations around the case) predicts at its own pace, scaled to the pace the pulse saw
+    beside the case (cpu.at_pace); ``predicted_s`` is the mean, ``predicted_unpaced_s`` the same without scaling."""
+    from attnlab.cost import cpu
+
     preds = [predict(case, micros[0], clock)]
     preds += [predict(case, m, clock, preds[0]["ops"]) for m in micros[1:]]
     rows = []
     for phase, key in (("prefill", "ttft"), ("decode", "decode")):
-        each = [p[phase]["total"] for p in preds]
+        paced = [cpu.at_pace(p[phase], phase, case.dtype, m["pulse"], measured["pulse"], clock)
+                 for p, m in zip(preds, micros)]
+        each = [p["total"] for p in paced]
         p, m = statistics.mean(each), measured[clock][key]
-        parts = {k: statistics.mean(q[phase][k] for q in preds) for k in preds[0][phase]}
+        unpaced = statistics.mean(q[phase]["total"] for q in preds)
+        parts = {k: statistics.mean(q[k] for q in paced) for k in paced[0]}
         rows.append({"case": case.name, "dtype": case.dtype, "phase": phase, "predicted_s": p, "measured_s": m,
-                     "error": p / m - 1, "predicted_by_calibration_s": each, "clock": clock,
+                     "error": p / m - 1, "predicted_by_calibration_s": each, "predicted_unpaced_s": unpaced,
+                     "error_unpaced": unpaced / m - 1, "clock": clock,
+                     "pace": [cpu.pace(mi["pulse"], measured["pulse"], clock) for mi in micros],
                      "measured_wall_s": measured["wall"][key], "measured_cpu_s": measured["cpu"][key],
                      "parts": parts, "ops": preds[0]["ops"], "spread": measured["spread"]})
     return rows
@@ -223,7 +236,8 @@ def validate(cases=None, repeats: int = 5, group: int | None = None, progress=No
         load = os.getloadavg()
     except OSError:
         load = None
-    return {"rows": rows, "summary": summarize(rows), "skipped": skipped, "clock": clock, "threads": threads,
+    return {"rows": rows, "summary": summarize(rows), "summary_unpaced": summarize(rows, "error_unpaced"),
+            "skipped": skipped, "clock": clock, "threads": threads,
             "cases": [asdict(c) for c in cases], "new_tokens": NEW_TOKENS, "repeats": repeats,
             "calibration_shapes": hws[0].micro["shapes"],
             "calibrations": [{"hardware": {k: v for k, v in hw.to_dict().items() if k != "micro"}, "micro": hw.micro}
