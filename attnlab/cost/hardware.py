@@ -1,8 +1,9 @@
 """Hardware specs for the roofline: peak FLOP/s per dtype, memory bandwidth, memory size, op overhead.
 
-Datasheet figures are dense (no structured sparsity). ``local`` is measured on the spot by a short
-micro-benchmark (matmul FLOP/s in fp32 and bf16, the bandwidth of a large sum, and the fixed cost of
-dispatching one small op) and cached in ~/.cache/attnlab/, keyed by CPU, thread count and torch version.
+Datasheet figures are dense (no structured sparsity). ``local`` is measured on the spot by micro-benchmarks
+(``cost.calibrate``: matmul throughput per dtype, weight streaming, attention, elementwise kernels, per-op
+overhead, memory bandwidth, all at shapes no validated model uses) and cached in ~/.cache/attnlab/, keyed by
+CPU, thread count, torch version and calibration version.
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ class Hardware:
     cache_bytes: int | None = None
     cached_gemv_bytes_per_s: float | None = None
     gemv_by_width: dict | None = None  # measured specs: streaming bytes/s of one layer's matrices by width d
+    # Measured specs: every micro-benchmark's figures (cost.calibrate.run), which cost.cpu turns into engine times
+    micro: dict | None = None
 
     def flops(self, dtype: str, size: float | None = None) -> float:
         peak = self.peak_flops.get(dtype) or self.peak_flops["fp32"]
@@ -95,58 +98,50 @@ def _cache_path() -> Path:
     return Path(os.environ.get("ATTNLAB_CACHE", Path.home() / ".cache" / "attnlab")) / "hardware-local.json"
 
 
-def calibrate(seconds_budget: float = 3.0) -> Hardware:
-    """Measure this machine now: best-of matmul FLOP/s (fp32, bf16), sum bandwidth, per-op overhead."""
+def calibrate(dtypes: tuple[str, ...] | None = None, modules: dict | None = None) -> Hardware:
+    """Measure this machine now with the micro-benchmarks of ``cost.calibrate`` (matmul throughput and weight
+    streaming per dtype, attention, elementwise kernels, per-op overhead, memory bandwidth; each at shapes no
+    validated model uses). ``dtypes``: fp32 and whichever of bf16 / int8 this CPU runs natively (runtime.fast_dtypes).
+    The summary fields (peak FLOP/s, bandwidth, ...) are read off the same tables; ``micro`` keeps them whole.
+    ``modules``: matrices kept between calibrations in one process (calibrate.linear_tables)."""
     import torch
 
-    from attnlab.runtime import cpu_name
+    from attnlab.cost import calibrate as cal
+    from attnlab.cost.cpu import overheads
+    from attnlab.runtime import cpu_name, fast_dtypes
 
-    def best_matmul(dtype, n=1024, reps=5, min_s=0.25, rows=None):
-        """Best of at least `reps` runs and `min_s` seconds of (rows x n) @ (n x 4n) (square n x n when rows
-        is None): a layer's MLP shape, whose efficiency at small n is far below the big-matmul peak."""
-        m, k, cols = (n, n, n) if rows is None else (rows, n, 4 * n)
-        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, cols, dtype=dtype)
-        a @ b
-        best, runs, start = 0.0, 0, time.perf_counter()
-        while runs < reps or time.perf_counter() - start < min_s:
-            t = time.perf_counter()
-            a @ b
-            best = max(best, 2 * m * k * cols / (time.perf_counter() - t))
-            runs += 1
-        return best
+    dtypes = tuple(dtypes or (d for d in fast_dtypes("cpu") if d != "int8"))
+    micro = cal.run(dtypes, modules)
+    lin = micro["linear"]
 
-    x = torch.ones(64 * 2**20)  # 256 MiB: far beyond the caches
-    x.sum()
-    bw = 0.0
-    for _ in range(5):
-        t = time.perf_counter()
-        x.sum()
-        bw = max(bw, x.numel() * 4 / (time.perf_counter() - t))
-    overhead = _dispatch_overhead_s()
-    # Weight streaming as decode does it: a row vector times distinct fp32 matrices, cycled, through the
-    # engine's own inference Linear (DenseLinear: oneDNN-prepacked on CPU), for one layer's shapes at width d
-    # (4d x d, d x 4d, 3d x d, d x d) repeated past 96 MiB, so that none stays in cache. Narrow matrices stream
-    # slower (measured here: ~16 GB/s at d = 384, ~24 at 768-1024, ~29 at 2048), so like the matmul table this
-    # one is by width. Three square matrices filling a third of the last-level cache stay in it, as a small
-    # model's weights do from one token to the next.
-    cache = _last_level_cache_bytes()
-    gemv_by_width = {d: _gemv_bytes_per_s([(4 * d, d), (d, 4 * d), (3 * d, d), (d, d)] * max(1, round(96 * 2**20 / (36 * d * d))),
-                                          overhead) for d in (256, 512, 1024, 2048)}
-    gemv = gemv_by_width[1024]
-    cached_gemv = None
-    if cache and cache >= 3 * 2**20:
-        n = max(256, int(math.sqrt(cache / 3 / 3 / 4)) // 64 * 64)
-        cached_gemv = _gemv_bytes_per_s([(n, n)] * 3, overhead, reps=20)
-    by_size = {n: best_matmul(torch.float32, n, rows=256) for n in (64, 128, 256, 512, 1024)}
-    elementwise = _elementwise_rate(overhead)
+    def above_floor(t, table):
+        return max(t["wall"] - table["floor"]["wall"], 1e-9)
+
+    peak = {d: max(24 * m * w * w / above_floor(t, lin[d]) for w, m, t in lin[d]["prefill"]) for d in dtypes}
+    by_size = {}
+    for w, m, t in lin["fp32"]["prefill"]:  # the most rows measured at each width
+        by_size[str(w)] = (m, 24 * m * w * w / above_floor(t, lin["fp32"]))
+    gemv = {}
+    for w, rows, ws, t in lin["fp32"]["decode"]:
+        if rows == 1:
+            gemv.setdefault(w, []).append((ws, 12 * w * w * 4 / above_floor(t, lin["fp32"])))
+    widest = max(gemv)
+    ew = micro["elementwise"]["fp32"]
+    big = max(ew["rows"], key=lambda r: r[2])
+    mem = micro["memory"]
     try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
-        mem = 16 * GB
-    return Hardware("local", {"fp32": best_matmul(torch.float32), "bf16": best_matmul(torch.bfloat16)}, bw, mem,
-                    overhead, flops_by_size=by_size, gemv_bytes_per_s=gemv, elementwise_per_s=elementwise,
-                    cache_bytes=cache, cached_gemv_bytes_per_s=cached_gemv, gemv_by_width=gemv_by_width, source=f"measured {time.strftime('%Y-%m-%d %H:%M')} on {cpu_name()}, "
-                                     f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+        ram = 16 * GB
+    return Hardware(
+        "local", peak, mem["read_bytes"] / mem["read"]["wall"], ram, overheads(micro, "wall")["decode"]["per_op_s"],
+        source=f"measured {time.strftime('%Y-%m-%d %H:%M')} on {cpu_name()}, {torch.get_num_threads()} threads, "
+               f"torch {torch.__version__}, micro-benchmarks v{CALIBRATION_VERSION} ({micro['seconds']:.0f} s)",
+        flops_by_size={k: v for k, (_, v) in by_size.items()},
+        gemv_bytes_per_s=max(gemv[widest])[1],
+        elementwise_per_s=big[2] / max(big[3]["wall"] - ew["floor"]["wall"], 1e-9),
+        cache_bytes=_last_level_cache_bytes(), cached_gemv_bytes_per_s=max(min(v)[1] for v in gemv.values()),
+        gemv_by_width={str(w): max(v)[1] for w, v in gemv.items()}, micro=micro)
 
 
 def _last_level_cache_bytes() -> int | None:
@@ -162,111 +157,37 @@ def _last_level_cache_bytes() -> int | None:
     return max(sizes) if sizes else None
 
 
-def _gemv_bytes_per_s(shapes: list[tuple[int, int]], overhead_s: float, reps: int = 4) -> float:
-    """Best-of bytes/s of a row vector times each (out, in) fp32 matrix in turn, through DenseLinear, with
-    the per-call dispatch cost (priced separately) taken off."""
-    import torch
-    from torch import nn
-
-    from attnlab.engine.quantize import DenseLinear
-
-    with torch.inference_mode():
-        mats = [DenseLinear(nn.Linear(i, o, bias=False), torch.float32) for o, i in shapes]
-        vecs = {i: torch.ones(1, i) for _, i in shapes}
-        for m in mats:
-            m(vecs[m.in_features])
-        best = float("inf")
-        for _ in range(reps):
-            t = time.perf_counter()
-            for m in mats:
-                m(vecs[m.in_features])
-            best = min(best, time.perf_counter() - t)
-    nbytes = sum(o * i * 4 for o, i in shapes)
-    return nbytes / max(best - len(shapes) * overhead_s, best * 0.25)
+# 2: elementwise_per_s; 3: gemv through DenseLinear, cache-resident gemv; 4: by width; 5: micro-benchmarks only, at
+# shapes disjoint from the validated models' (cost.calibrate), kept whole in ``micro``
+CALIBRATION_VERSION = 5
 
 
-def _elementwise_rate(overhead_s: float, T: int = 256, d: int = 256, heads: int = 4, reps: int = 7) -> float:
-    """Elements per second through the non-matmul kernels of one transformer layer (d=256, T=256 tokens, as
-    attnlab runs them): two layer norms, two residual adds, rotary on q and k, the causal softmax's
-    exponentials, tanh-GELU on the 4d hidden layer. Elements are counted as ``forward_elementwise`` counts
-    them; the dispatch cost of each call (``overhead_s``, priced separately) is taken off. Best of ``reps``."""
-    import torch
-    import torch.nn.functional as F
-
-    from attnlab.models.positional import apply_rotary
-
-    x, y = torch.randn(T, d), torch.randn(T, d)
-    h = torch.randn(T, 4 * d)
-    q = torch.randn(1, heads, T, d // heads)
-    cos, sin = torch.randn(T, d // heads), torch.randn(T, d // heads)
-    scores = torch.randn(heads, T, (T + 1) // 2)  # a causal row averages (T + 1) / 2 keys
-
-    def layer():
-        F.layer_norm(x, (d,))
-        F.layer_norm(y, (d,))
-        x + y
-        x + y
-        apply_rotary(q, cos, sin)
-        apply_rotary(q, cos, sin)
-        torch.softmax(scores, -1)
-        F.gelu(h, approximate="tanh")
-
-    elements = 2 * T * d + 2 * T * d + 5 * T * 2 * d + heads * T * (T + 1) // 2 + T * 4 * d
-    calls = 4 + 2 * 5 + 1 + 1  # a rotary is 5 kernels: negate a half, concatenate, two products, add
-    with torch.inference_mode():
-        layer()
-        best = float("inf")
-        for _ in range(reps):
-            t = time.perf_counter()
-            layer()
-            best = min(best, time.perf_counter() - t)
-    return elements / max(best - calls * overhead_s, best * 0.25)
-
-
-def _dispatch_overhead_s() -> float:
-    """Fixed cost per dispatched op as attnlab's engine pays it: decode steps (model forward plus sampling)
-    of a transformer so narrow (dim 8) that its arithmetic is negligible, timed, divided by the ops the
-    tracer counts in one step."""
-    import torch
-
-    from attnlab.config import ModelConfig
-    from attnlab.cost.trace import trace
-    from attnlab.engine.generate import generate
-    from attnlab.models import build_model
-
-    model = build_model(ModelConfig(dim=8, n_layers=4, n_heads=2, vocab_size=16, max_seq_len=256)).eval()
-    generate(model, [1] * 8, 20)  # warm-up
-    tpot = min(generate(model, [1] * 8, 60).stats.tpot_s for _ in range(5))
-    state = model.new_state(1, 16)
-    with torch.inference_mode():
-        model(torch.zeros(1, 8, dtype=torch.long), state)
-        ops = trace(model, torch.zeros(1, 1, dtype=torch.long), state).ops + SAMPLING_OPS
-    return tpot / ops
-
-
-CALIBRATION_VERSION = 4  # 2: elementwise_per_s; 3: gemv through DenseLinear, cache-resident gemv; 4: by width
-SAMPLING_OPS = 4  # greedy sampling per step: argmax, gather, logsumexp, sub (counted by the tracer)
-
-
-def local(refresh: bool = False) -> Hardware:
+def _local_key() -> str:
     import torch
 
     from attnlab.runtime import cpu_name
 
-    # CALIBRATION_VERSION: a cache written by an older calibration (fewer measured fields) is measured again
-    key = f"{cpu_name()}|{torch.get_num_threads()}|{torch.__version__}|v{CALIBRATION_VERSION}"
+    # CALIBRATION_VERSION: a cache written by an older calibration (other fields, other shapes) is measured again
+    return f"{cpu_name()}|{torch.get_num_threads()}|{torch.__version__}|micro-v{CALIBRATION_VERSION}"
+
+
+def _read_entries() -> dict:
+    """The cache's entries: one per (CPU, threads, torch, calibration), so runs with different --threads keep theirs."""
     path = _cache_path()
-    entries = {}  # one entry per (CPU, threads, torch, calibration): runs with different --threads keep theirs
     if path.exists():
         try:
             data = json.loads(path.read_text())
-            entries = data.get("entries", {}) if isinstance(data, dict) else {}
-            if not refresh and key in entries:
-                return Hardware(**entries[key])
-        except (json.JSONDecodeError, TypeError, KeyError, AttributeError):
-            entries = {}
-    hw = calibrate()
-    entries[key] = hw.to_dict()
+            return data.get("entries", {}) if isinstance(data, dict) else {}
+        except (json.JSONDecodeError, AttributeError):
+            pass
+    return {}
+
+
+def save_local(hw: Hardware) -> None:
+    """Cache a measured spec as this machine's (for its thread count and torch)."""
+    entries = _read_entries()
+    entries[_local_key()] = hw.to_dict()
+    path = _cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -274,6 +195,19 @@ def local(refresh: bool = False) -> Hardware:
         tmp.replace(path)
     except OSError:
         pass  # a read-only home only costs a re-measurement next time
+
+
+def local(refresh: bool = False, dtypes: tuple[str, ...] | None = None) -> Hardware:
+    """The measured spec of this machine: from the cache, or calibrated now (``refresh``: always now) for
+    ``dtypes`` (default: fp32, and bf16 where native)."""
+    entry = None if refresh else _read_entries().get(_local_key())
+    if entry is not None:
+        try:
+            return Hardware(**entry)
+        except TypeError:
+            pass  # an entry of other fields: measure again
+    hw = calibrate(dtypes)
+    save_local(hw)
     return hw
 
 

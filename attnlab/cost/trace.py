@@ -29,10 +29,18 @@ class TraceResult:
     depth: int = 0
     ops: int = 0
     flops_by_op: Counter = field(default_factory=Counter)
+    ops_by_name: Counter = field(default_factory=Counter)
+
+    @property
+    def matmul_ops(self) -> int:
+        """Dispatched matrix products of a weight (every Linear runs one mm or addmm; attention runs neither)."""
+        return sum(self.ops_by_name[k] for k in ("mm", "addmm", "mv", "_weight_int8pack_mm", "_linear_pointwise",
+                                                 "_mkl_linear"))
 
     def to_dict(self) -> dict:
         return {"flops": self.flops, "depth": self.depth, "ops": self.ops,
-                "flops_by_op": {str(k): v for k, v in self.flops_by_op.most_common()}}
+                "flops_by_op": {str(k): v for k, v in self.flops_by_op.most_common()},
+                "ops_by_name": dict(self.ops_by_name.most_common())}
 
 
 class WorkDepthTracer(TorchDispatchMode):
@@ -71,6 +79,7 @@ class WorkDepthTracer(TorchDispatchMode):
         if compute:
             r = self.result
             r.ops += 1
+            r.ops_by_name[func._overloadpacket.__name__] += 1
             r.depth = max(r.depth, d_out)
             formula = flop_registry.get(func._overloadpacket) or _EXTRA.get(func._overloadpacket)
             if formula is not None:
@@ -80,9 +89,35 @@ class WorkDepthTracer(TorchDispatchMode):
         return out
 
 
-def trace(model, tokens: torch.Tensor, state=None) -> TraceResult:
-    """One forward of ``model`` on ``tokens`` (B, T), traced. Gradients off; works on the meta device."""
+def trace(model, tokens: torch.Tensor, state=None, **kwargs) -> TraceResult:
+    """One forward of ``model`` on ``tokens`` (B, T) (``kwargs``: the forward's, e.g. last_only), traced.
+    Gradients off; works on the meta device."""
     tracer = WorkDepthTracer()
     with torch.no_grad(), tracer:
-        model(tokens, state)
+        model(tokens, state, **kwargs)
     return tracer.result
+
+
+def engine_ops(cfg, batch: int, prompt: int, context: int, dtype: str = "fp32") -> dict:
+    """Dispatched ops of the engine's two forwards (a structural count, not a timing): the prefill of ``batch``
+    prompts of ``prompt`` tokens into a fresh KV cache (logits at the last position only), and one decode step of
+    ``batch`` sequences with ``context`` tokens cached. Counted on the CPU, on a copy of the model 8 wide per head
+    (the ops, and the kernels chosen, do not depend on the width; the meta device would count the math fallback of
+    attention instead of the CPU's fused kernel), at ``dtype`` as set_precision runs it (bf16: with an fp32 KV
+    cache). {"prefill": TraceResult, "decode": TraceResult}."""
+    from dataclasses import replace
+
+    from attnlab.engine.quantize import set_precision
+    from attnlab.models import build_model
+
+    narrow = replace(cfg, dim=8 * cfg.n_heads, head_dim=8, hidden_dim=None,
+                     vocab_size=min(cfg.vocab_size, 64), max_seq_len=max(cfg.max_seq_len, prompt + 1, context + 2))
+    with torch.inference_mode(False):  # inference mode would hide how composite ops (linear) dispatch
+        torch.manual_seed(0)
+        model = set_precision(build_model(narrow), dtype, layout=False)
+        tokens = lambda T: torch.zeros(batch, T, dtype=torch.long)  # noqa: E731
+        prefill = trace(model, tokens(prompt), model.new_state(batch, prompt + 1), last_only=True)
+        state = model.new_state(batch, context + 1)
+        state.pos = torch.full((batch,), context)  # as if `context` tokens were cached: the step attends to all
+        decode = trace(model, tokens(1), state)
+    return {"prefill": prefill, "decode": decode}

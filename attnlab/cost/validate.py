@@ -1,10 +1,23 @@
-"""Check the cost model against the engine: predicted vs measured prefill and decode times, here.
+"""Check the cost model against the engine, held out: predicted vs measured prefill and decode times, here.
 
-For each config the model is built, its prefill (time-to-first-token) and decode (time per output
-token) are timed with attnlab's engine (each model in a fresh process; best of the repeats), and the
-analytic roofline on the ``local`` calibrated spec predicts both. The number of dispatched ops per forward, which sets the fixed overhead that
-dominates small models, is counted by the tracer on the real model (a structural count, not a
-timing). Relative error = predicted / measured - 1.
+The ``local`` spec is calibrated by micro-benchmarks only (``cost.calibrate``), at shapes none of the
+validation cases below uses (``check_disjoint`` refuses to run otherwise), in the same run: before the first
+case, and again after every GROUP cases; each case is predicted from the two calibrations around it (the mean of
+the two predictions), because on a shared machine the pace drifts by tens of percent within minutes. A 15 ms
+pulse of plain kernels (calibrate.Pulse: fp32 and bf16 matmul, a memory sum, tiny ops) is timed between the
+calibration's benchmarks and between each case's repeats; each part of a prediction is scaled by how much faster
+or slower its kind of work ran beside the case than during the calibration (cpu.at_pace). The unscaled
+predictions are kept beside (``error_unpaced``).
+
+Each case is a randomly initialised attnlab transformer (seed 0) run by the engine in a fresh process: time to
+first token = a generate() call that returns one token; decode time per step = (a call for NEW_TOKENS - a call
+for one) / (NEW_TOKENS - 1); the two calls alternate, after a warm-up, and each figure is the median over the
+repeats (calibrate.time_generate). With one thread (the default) the clock is the process's CPU time, which is
+its wall time on an idle core: on a busy machine a run longer than a scheduler slice waits for the core (here up
+to 2x), a micro-benchmark shorter than one rarely does, so wall time would compare unlike with like; the wall
+times are kept beside. With more threads the clock is wall time. ``cost.cpu`` predicts both figures from the
+micro-benchmarks and the tracer's op counts. Error = predicted / measured - 1. Cases in a dtype this CPU only
+emulates are skipped, and say so.
 """
 from __future__ import annotations
 
@@ -12,98 +25,221 @@ import json
 import statistics
 import subprocess
 import sys
-import time
+from dataclasses import asdict, dataclass
 
 import torch
 
-from attnlab.config import ModelConfig, preset
-from attnlab.cost import hardware
-from attnlab.cost.analytic import forward_bytes, forward_elementwise, forward_flops, roofline_s, typical_matmul_size
-from attnlab.cost.arch import from_model_config
-from attnlab.cost.trace import trace
+from attnlab.config import ModelConfig
 
-CONFIGS = {"mini-1.3m": preset("default", dim=160, n_heads=5), "small-10m": preset("small-10m"),
-           "gpt2-124m": preset("gpt2")}
+NEW_TOKENS = 17
+GOAL = {"median": 0.15, "worst": 0.35}  # |error| over every (case, phase), from the issue: fixed before measuring
 
 
-def _predict(cfg: ModelConfig, prompt: int, ctx: int, hw) -> dict:
+@dataclass(frozen=True)
+class Case:
+    """One validation configuration: a model (width, depth, heads, vocabulary) and a workload (prompt, batch)."""
+
+    name: str
+    dim: int
+    n_layers: int
+    n_heads: int
+    prompt: int
+    batch: int
+    dtype: str = "fp32"
+    vocab_size: int = 256
+
+    def model_config(self) -> ModelConfig:
+        return ModelConfig(dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads, vocab_size=self.vocab_size,
+                           max_seq_len=self.prompt + NEW_TOKENS + 8)
+
+
+def _case(dim, n_layers, n_heads, prompt, batch, dtype="fp32", vocab_size=256) -> Case:
+    name = f"d{dim}-L{n_layers}-T{prompt}-B{batch}-{dtype}" + (f"-V{vocab_size}" if vocab_size != 256 else "")
+    return Case(name, dim, n_layers, n_heads, prompt, batch, dtype, vocab_size)
+
+
+# Held out: chosen before any prediction was compared with them, never used to calibrate or to shape the model.
+CASES = (
+    _case(128, 2, 4, 2048, 1),
+    _case(256, 4, 4, 512, 4),
+    _case(384, 6, 6, 256, 8),
+    _case(512, 8, 8, 128, 2),
+    _case(768, 12, 12, 64, 1, vocab_size=50257),  # GPT-2 small's shape
+    _case(1024, 4, 16, 128, 1),
+    _case(512, 4, 8, 1024, 1, "bf16"),
+    _case(1024, 2, 16, 256, 2, "bf16"),
+    _case(256, 12, 4, 64, 8, "bf16"),
+    _case(768, 6, 12, 512, 1, "bf16"),
+)
+
+
+def case_shapes(case: Case) -> set[tuple]:
+    """The shapes a case runs, in calibrate.shapes()'s vocabulary: every matmul of a weight (prefill: B * T rows
+    through the layer's matrices, B rows through the head; decode: B rows through all), every attention call
+    (prefill T x T; decode one query over each context it sees), the elementwise rows, and the model."""
+    d, hidden, D = case.dim, 4 * case.dim, case.dim // case.n_heads
+    mats = ((3 * d, d), (d, d), (hidden, d), (d, hidden))
+    out = {("model", d, case.n_layers)}
+    for rows in (case.batch * case.prompt, case.batch):
+        out.update(("linear", rows, i, o) for o, i in mats)
+        out.add(("elementwise", rows, d))
+    out.add(("linear", case.batch, d, case.vocab_size))
+    out.add(("attention", case.prompt, case.prompt, D))
+    out.update(("attention", 1, s, D) for s in range(case.prompt + 1, case.prompt + NEW_TOKENS + 1))
+    return out
+
+
+def check_disjoint(cases=CASES) -> None:
+    """Refuse a validation that shares a shape with the calibration (it would be partly circular)."""
+    from attnlab.cost.calibrate import shapes
+
+    calibration = shapes()
+    for case in cases:
+        shared = case_shapes(case) & calibration
+        if shared:
+            raise ValueError(f"validation case {case.name} shares shapes with the calibration: {sorted(shared)[:3]}")
+
+
+def measure(case: Case, repeats: int) -> dict:
+    """Time the engine on one case in this process (set_precision for the case's batch, as a server would), with
+    the calibration's pulse timed between the repeats."""
+    from attnlab.cost.calibrate import Pulse, time_generate
+    from attnlab.engine.quantize import set_precision
     from attnlab.models import build_model
 
-    a = from_model_config(cfg)
-    with torch.device("meta"):
-        meta = build_model(cfg, device="meta")
-    prefill_ops = trace(meta, torch.zeros(1, prompt, dtype=torch.long, device="meta")).ops + hardware.SAMPLING_OPS
-    state = meta.new_state(1, ctx + 1)
-    state.pos = torch.full((1,), ctx)  # as if ctx tokens were cached: the decode step attends to all of them
-    decode_ops = trace(meta, torch.zeros(1, 1, dtype=torch.long, device="meta"), state).ops + hardware.SAMPLING_OPS
-    pre = roofline_s(forward_flops(a, prompt, 0, head_rows=1)["total"],
-                     forward_bytes(a, prompt, 0, 1, "fp32", head_rows=1)["total"], hw, "fp32", prefill_ops,
-                     typical_matmul_size(a, prompt), forward_elementwise(a, prompt, 0, sampled_rows=1)["total"])
-    dec = roofline_s(forward_flops(a, 1, ctx)["total"], forward_bytes(a, 1, ctx, 1, "fp32")["total"], hw, "fp32",
-                     decode_ops, typical_matmul_size(a, 1), forward_elementwise(a, 1, ctx, sampled_rows=1)["total"])
-    return {"prefill": pre, "decode": dec, "ops": {"prefill": prefill_ops, "decode": decode_ops}}
-
-
-def _measure(cfg: ModelConfig, prompt: int, new_tokens: int, repeats: int) -> dict:
-    """Time attnlab's prefill (TTFT) and decode (TPOT) of a randomly initialised (seed 0) model, after a
-    warm-up of at least one second; every repeat's figures."""
-    from attnlab.engine import generate
-    from attnlab.engine.quantize import set_precision
-    from attnlab.models import build_model, count_params
-
+    cfg = case.model_config()
     torch.manual_seed(0)  # the same random weights in every run
-    model = build_model(cfg)
-    n_params = count_params(model)
-    model = set_precision(model, "fp32")
-    ids = torch.randint(0, cfg.vocab_size, (prompt,), generator=torch.Generator().manual_seed(0)).tolist()
-    start, warm = time.perf_counter(), 0
-    while warm < 3 or time.perf_counter() - start < 1.0:  # warm-up: thread pools, allocator, first touch
-        generate(model, ids, 4)
-        warm += 1
-    ttft, tpot = [], []
-    for _ in range(repeats):
-        st = generate(model, ids, new_tokens).stats
-        ttft.append(st.ttft_s)
-        tpot.append(st.tpot_s)
-    return {"params": n_params, "ttft": ttft, "tpot": tpot}
+    model = set_precision(build_model(cfg), case.dtype, rows=case.batch)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, cfg.vocab_size, (case.prompt,), generator=g).tolist() for _ in range(case.batch)]
+    return time_generate(model, prompts, NEW_TOKENS, repeats, min_warm_s=1.0, pulse=Pulse((case.dtype, "fp32")))
 
 
 def _child() -> None:
     from attnlab.runtime import set_threads
 
-    cfg, prompt, new_tokens, repeats, threads = json.loads(sys.argv[1])
+    case, repeats, threads = json.loads(sys.argv[1])
     set_threads(threads)
-    print(json.dumps(_measure(ModelConfig.from_dict(cfg), prompt, new_tokens, repeats)))
+    with torch.inference_mode():
+        print(json.dumps(measure(Case(**case), repeats)))
 
 
-def validate(configs: dict[str, ModelConfig] | None = None, prompt: int = 256, new_tokens: int = 32,
-             repeats: int = 4, processes: int = 3, refresh: bool = False) -> list[dict]:
-    """Predicted vs measured for each config, timed in ``processes`` fresh processes of ``repeats`` runs each.
-    Why several processes: a process's speed on these machines is partly decided when it starts (where its
-    buffers land, where its threads run): one 1.3M-model prefill process in about eight ran 35-40% slower
-    on every repeat, the others never. The best figure over processes and repeats is the machine's."""
-    hw = hardware.get("local", refresh=refresh)
+def predict(case: Case, micro: dict, clock: str = "cpu", ops: dict | None = None) -> dict:
+    """Predicted prefill and decode seconds, by part (cost.cpu), with the tracer's op counts (``ops``, else
+    counted now)."""
+    from attnlab.cost import cpu
+    from attnlab.cost.arch import from_model_config
+    from attnlab.cost.calibrate import op_counts
+
+    cfg = case.model_config()
+    a = from_model_config(cfg)
+    ops = ops or op_counts(cfg, case.batch, case.prompt, case.prompt + NEW_TOKENS // 2, case.dtype)
+    return {"prefill": cpu.prefill_s(a, case.batch, case.prompt, micro, case.dtype, ops, clock),
+            "decode": cpu.decode_s(a, case.batch, case.prompt + NEW_TOKENS // 2, micro, case.dtype, ops, clock),
+            "ops": ops}
+
+
+def summarize(rows: list[dict], key: str = "error") -> dict:
+    """Median and worst |error| over the rows (each a case's prefill or decode), overall and by phase, against
+    GOAL."""
+    out = {}
+    for phase in (None, "prefill", "decode"):
+        errs = [abs(r[key]) for r in rows if phase is None or r["phase"] == phase]
+        if errs:
+            out[phase or "all"] = {"median": statistics.median(errs), "worst": max(errs), "n": len(errs)}
+    if "all" in out:
+        out["goal"] = GOAL
+        out["met"] = out["all"]["median"] <= GOAL["median"] and out["all"]["worst"] <= GOAL["worst"]
+    return out
+
+
+def rows_for(case: Case, measured: dict, micros: list[dict], clock: str) -> list[dict]:
+    """The table's two rows (prefill, decode) of one case: predicted vs measured (medians) on ``clock``. Each of
+    ``micros`` (the calibrations around the case) predicts at its own pace, scaled to the pace the pulse saw
+    beside the case (cpu.at_pace); ``predicted_s`` is the mean, ``predicted_unpaced_s`` the same without scaling."""
+    from attnlab.cost import cpu
+
+    preds = [predict(case, micros[0], clock)]
+    preds += [predict(case, m, clock, preds[0]["ops"]) for m in micros[1:]]
     rows = []
-    for name, cfg in (configs or CONFIGS).items():
-        got = {"ttft": [], "tpot": []}
-        for _ in range(processes):
-            cmd = [sys.executable, "-c", "from attnlab.cost.validate import _child; _child()",
-                   json.dumps([cfg.to_dict(), prompt, new_tokens, repeats, torch.get_num_threads()])]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                tail = (proc.stderr.strip().splitlines() or ["killed"])[-1]
-                raise RuntimeError(f"timing {name} failed: {tail[:300]}")
-            one = json.loads(proc.stdout.strip().splitlines()[-1])
-            got["params"] = one["params"]
-            got["ttft"] += one["ttft"]
-            got["tpot"] += one["tpot"]
-        pred = _predict(cfg, prompt, prompt + new_tokens // 2, hw)
-        # Best of the repeats, like every figure of the calibration: on a shared machine other tenants only ever
-        # add time, so the minimum is the steadiest estimate of what this hardware does (the median is kept).
-        for phase, times in (("prefill", got["ttft"]), ("decode", got["tpot"])):
-            measured = min(times)
-            rows.append({"model": name, "params": got["params"], "phase": phase,
-                         "tokens": prompt if phase == "prefill" else 1, "predicted_s": pred[phase],
-                         "measured_s": measured, "measured_median_s": statistics.median(times),
-                         "error": pred[phase] / measured - 1, "ops": pred["ops"][phase], "hardware": hw.to_dict()})
+    for phase, key in (("prefill", "ttft"), ("decode", "decode")):
+        paced = [cpu.at_pace(p[phase], phase, case.dtype, m["pulse"], measured["pulse"], clock)
+                 for p, m in zip(preds, micros)]
+        each = [p["total"] for p in paced]
+        p, m = statistics.mean(each), measured[clock][key]
+        unpaced = statistics.mean(q[phase]["total"] for q in preds)
+        parts = {k: statistics.mean(q[k] for q in paced) for k in paced[0]}
+        rows.append({"case": case.name, "dtype": case.dtype, "phase": phase, "predicted_s": p, "measured_s": m,
+                     "error": p / m - 1, "predicted_by_calibration_s": each, "predicted_unpaced_s": unpaced,
+                     "error_unpaced": unpaced / m - 1, "clock": clock,
+                     "pace": [cpu.pace(mi["pulse"], measured["pulse"], clock) for mi in micros],
+                     "measured_wall_s": measured["wall"][key], "measured_cpu_s": measured["cpu"][key],
+                     "parts": parts, "ops": preds[0]["ops"], "spread": measured["spread"]})
     return rows
+
+
+def _measure_in_child(case: Case, repeats: int, threads: int) -> dict:
+    cmd = [sys.executable, "-c", "from attnlab.cost.validate import _child; _child()",
+           json.dumps([asdict(case), repeats, threads])]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["killed"])[-1]
+        raise RuntimeError(f"timing {case.name} failed: {tail[:300]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+GROUP = 5  # cases between two calibrations
+
+
+def validate(cases=None, repeats: int = 5, group: int | None = None, progress=None) -> dict:
+    """Calibrate, measure ``group`` (GROUP) cases, calibrate again, ... (torch's thread count as set by the
+    caller); predict every case (default CASES) from the calibrations around it. The last calibration becomes the
+    cached ``local`` spec. Returns {"rows", "summary", "skipped", "calibrations", ...}; ``progress(text)`` is told
+    each step."""
+    import os
+
+    from attnlab.cost import hardware
+    from attnlab.runtime import fast_dtypes, machine_context
+
+    say = progress or (lambda text: None)
+    cases, group = cases or CASES, group or GROUP
+    check_disjoint(cases)
+    threads = torch.get_num_threads()
+    clock = "cpu" if threads == 1 else "wall"
+    native = fast_dtypes("cpu")
+    run = [c for c in cases if c.dtype in native]
+    skipped = [{"case": c.name, "why": f"{c.dtype} is emulated on this CPU (no avx512_bf16 or AMX): not timed"}
+               for c in cases if c.dtype not in native]
+    dtypes = tuple(d for d in ("fp32", "bf16", "int8") if d == "fp32" or any(c.dtype == d for c in run))
+    groups = [run[i:i + group] for i in range(0, len(run), group)]
+
+    modules: dict = {}  # the calibration's matrices, built once
+
+    def calibrate(n):
+        say(f"calibration {n + 1}/{len(groups) + 1} ({', '.join(dtypes)}; micro-benchmarks only)")
+        return hardware.calibrate(dtypes, modules)
+
+    hws, measured, done = [calibrate(0)], {}, 0
+    for g, cases_g in enumerate(groups):
+        for case in cases_g:
+            done += 1
+            say(f"[{done}/{len(run)}] {case.name}")
+            measured[case.name] = _measure_in_child(case, repeats, threads)
+        hws.append(calibrate(g + 1))
+    hardware.save_local(hws[-1])
+    modules.clear()  # the matrices are no longer needed
+    rows = []
+    for g, cases_g in enumerate(groups):
+        for case in cases_g:
+            rows += rows_for(case, measured[case.name], [hws[g].micro, hws[g + 1].micro], clock)
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {"rows": rows, "summary": summarize(rows), "summary_unpaced": summarize(rows, "error_unpaced"),
+            "skipped": skipped, "clock": clock, "threads": threads,
+            "cases": [asdict(c) for c in cases], "new_tokens": NEW_TOKENS, "repeats": repeats,
+            "calibration_shapes": hws[0].micro["shapes"],
+            "calibrations": [{"hardware": {k: v for k, v in hw.to_dict().items() if k != "micro"}, "micro": hw.micro}
+                             for hw in hws],
+            "context": {**machine_context(seed=0), "load_average_end": load}}

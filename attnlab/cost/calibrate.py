@@ -1,0 +1,428 @@
+"""Micro-benchmarks that calibrate the ``local`` hardware spec, at shapes no validated model uses.
+
+Each benchmark runs one kind of kernel the engine runs, through the engine's own modules, at the shapes listed
+in ``CALIBRATION`` below, and nothing else: never a whole model of a validated size. (The overhead probe is a
+whole model, but one 16 wide, which ``attnlab cost --validate`` never validates.) What is measured:
+
+- ``linear_prefill``: seconds for one layer's four matrices (W x 3W, W x W, W x 4W, 4W x W, through DenseLinear)
+  on M rows, by dtype: the FLOP/s a prefill's matmuls reach, by row count and width;
+- ``linear_decode``: seconds for a row or a few rows times many such sets, cycled, whose weights add up to a
+  working set of 1 to 160 MiB: the bytes/s a decode step's weight streaming reaches, from cache or from DRAM;
+- ``attention``: seconds of one causal SDPA call over T tokens (prefill), and of one query over S cached keys
+  (decode), in fp32, the KV cache's dtype whatever the weights';
+- ``elementwise``: seconds for one layer's non-matmul kernels (two layer norms, two adds, rotary on q and k,
+  GELU) on M rows of width W;
+- ``floors``: each of the above at a tiny shape, where only the cost of calling it is left;
+- ``cold_dispatch``: the floor's tiny kernels just after 0 to 32 MiB were streamed through the caches: how
+  much dearer dispatching gets when a big matmul has just evicted what it needs;
+- ``probe``: a 16-wide transformer of 1 and 16 layers, run by the engine (1 and 6 sequences): the fixed cost
+  of each dispatched op and of each engine step;
+- ``memory``: the bandwidth of a large sum (reading) and of first-touch writes to fresh zeros (a new KV cache);
+- ``pulse``: a 15 ms reference of the machine's pace (``Pulse``), timed between the benchmarks, which a
+  validation times again beside each case.
+
+Every figure is the median of its repeats after a warm-up, kept on two clocks: wall time (what a user waits
+for) and the process's CPU time (what the work took while it had a core; on a shared machine the two part).
+The model that turns these into predicted times is ``cost.cpu``.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MiB = 2 ** 20
+# Shapes of every calibration micro-benchmark. ``attnlab cost --validate`` checks that none of them is a shape its
+# validation models run (validate.shapes_of_config), and the tests check it too.
+CALIBRATION = {
+    "widths": (96, 320, 1280),  # W: a layer's matrices W x 3W, W x W, W x 4W, 4W x W
+    "prefill_rows": (48, 320, 1536),  # M for the prefill matmul table (skipped above PREFILL_FLOP_CAP)
+    "decode_rows": (1, 8),  # rows of the decode (weight-streaming) table
+    "working_sets_mib": (1, 4, 16, 64, 160),  # total weights cycled through by the decode table
+    "attention_heads": 3,
+    "attention_tokens": (96, 384, 1536),  # T of a causal prefill SDPA call
+    "attention_head_dims": (24, 48, 96),
+    "attention_keys": (40, 400, 4000),  # S cached keys of a one-query decode SDPA call
+    "elementwise_rows": (1, 8, 48, 320, 1536),  # M x W of the elementwise layer mix (skipped above 2M elements)
+    "probe": {"dim": 16, "n_heads": 2, "vocab_size": 32, "layers": (1, 16), "batch": (1, 6), "prompt": 24,
+              "new_tokens": 17},
+    "floor_width": 16,  # the tiny shape of each floor
+    "cold_mib": (0, 0.5, 2, 8, 32),  # bytes streamed just before the floor's mix, for the cold-dispatch table
+}
+PREFILL_FLOP_CAP = 1.3e10  # FLOPs of one timed set: keeps the table to seconds on a 2-core machine
+ELEMENT_CAP = 2 * 2 ** 20
+ATTENTION_COLD_BYTES = 64 * MiB  # decode attention is also timed over distinct caches adding up to this
+MAX_SETS = 200  # copies of one set at most (the narrowest reach DRAM's rate well before 160 MiB)
+
+
+def _time(fn, repeats: int = 5, warm: int = 1, inner: int = 1) -> dict:
+    """Median wall and CPU seconds of ``fn`` (called ``inner`` times per repeat, per call) after ``warm`` calls."""
+    for _ in range(warm):
+        fn()
+    wall, cpu = [], []
+    for _ in range(repeats):
+        w, c = time.perf_counter(), time.process_time()
+        for _ in range(inner):
+            fn()
+        wall.append((time.perf_counter() - w) / inner)
+        cpu.append((time.process_time() - c) / inner)
+    return {"wall": statistics.median(wall), "cpu": statistics.median(cpu), "wall_min": min(wall)}
+
+
+def _layer_set(W: int, dtype: str, rows: int = 1) -> list[nn.Module]:
+    """One transformer layer's four matrices at width W, as the engine runs them (set_precision's modules)."""
+    from attnlab.engine.quantize import DTYPES, DenseLinear, Int8Linear
+
+    out = []
+    for o, i in ((3 * W, W), (W, W), (4 * W, W), (W, 4 * W)):
+        lin = torch.nn.utils.skip_init(nn.Linear, i, o, bias=False)  # values do not change a kernel's speed: no
+        with torch.no_grad():                                          # random init (seconds at W = 1280)
+            lin.weight.fill_(0.01)
+        out.append(Int8Linear(lin, torch.bfloat16) if dtype == "int8" else DenseLinear(lin, DTYPES[dtype], rows))
+    return out
+
+
+def _run_sets(sets: list[list[nn.Module]], rows: int, W: int, act_dtype) -> callable:
+    x, xh = torch.randn(rows, W).to(act_dtype), torch.randn(rows, 4 * W).to(act_dtype)
+
+    def fn():
+        for s in sets:
+            for m in s:
+                m(xh if m.in_features == 4 * W else x)
+    return fn
+
+
+def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None, between=None) -> dict:
+    """{dtype: {"prefill": [[W, M, s]], "decode": [[W, rows, bytes, s]], "floor": s}} (seconds per layer set).
+    ``modules``: a dict that keeps the matrices built here for the next calibration in the same process (building
+    them is most of this table's time; a validation calibrates three times). ``between()`` is called after each
+    dtype's tables (the pulse)."""
+    from attnlab.engine.quantize import DTYPES
+
+    modules = {} if modules is None else modules
+
+    def sets(W, dtype, rows, n):
+        have = modules.setdefault((W, dtype, rows), [])
+        have += [_layer_set(W, dtype, rows) for _ in range(n - len(have))]
+        return have[:n]
+
+    out = {}
+    for dtype in dtypes:
+        act = DTYPES[dtype]
+        nbytes = {"fp32": 4, "bf16": 2, "int8": 1}[dtype]
+        floor = _time(_run_sets(sets(CALIBRATION["floor_width"], dtype, 1, 1), 1, CALIBRATION["floor_width"], act),
+                      repeats=7, inner=20)
+        prefill, decode = [], []
+        for W in CALIBRATION["widths"]:
+            one = sets(W, dtype, 1, 1)[0]
+            for M in CALIBRATION["prefill_rows"]:
+                if 24 * M * W * W > PREFILL_FLOP_CAP:
+                    continue
+                t = _time(_run_sets([one], M, W, act), repeats=5)
+                prefill.append([W, M, t])
+            set_bytes = 12 * W * W * nbytes
+            counts = sorted({min(max(1, round(ws * MiB / set_bytes)), MAX_SETS)
+                             for ws in CALIBRATION["working_sets_mib"]})
+            for rows in CALIBRATION["decode_rows"]:
+                laid = sets(W, dtype, rows, counts[-1])  # laid out for `rows`, as decode's are
+                for n in counts:  # the first n sets, cycled: a working set of n sets
+                    t = _time(_run_sets(laid[:n], rows, W, act), repeats=5)
+                    decode.append([W, rows, n * set_bytes, {k: v / n for k, v in t.items()}])
+        out[dtype] = {"prefill": prefill, "decode": decode, "floor": floor}
+        if between is not None:
+            between()
+    return out
+
+
+def _sdpa(B: int, H: int, T: int, S: int, D: int, dtype, copies: int = 1) -> callable:
+    """One SDPA call (causal when T == S), or ``copies`` calls over distinct keys and values in turn (a decode step
+    reads every layer's cache: from DRAM once they outgrow the caches)."""
+    q = torch.randn(B, H, T, D, dtype=dtype)
+    kvs = [(torch.randn(B, H, S, D, dtype=dtype), torch.randn(B, H, S, D, dtype=dtype)) for _ in range(copies)]
+    causal = T == S and T > 1
+
+    def fn():
+        for k, v in kvs:
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return fn
+
+
+def attention_tables() -> dict:
+    """{"prefill": [[T, D, s]], "decode": [[S, D, bytes cycled, s per call]], "floor": {"prefill": s, "decode": s}}
+    for CALIBRATION's head count, batch 1, in fp32: the KV cache is fp32 whatever the weights (set_precision keeps
+    it so for bf16 and int8), and attention runs in the cache's dtype (attention.Attention widens the new queries).
+    Decode is timed over one cache (from the CPU's caches) and over distinct caches adding up to 64 MiB (DRAM; at
+    most 200 of them: the smallest stay within the caches, as a small model's do)."""
+    H = CALIBRATION["attention_heads"]
+    f32 = torch.float32
+    decode = []
+    for S in CALIBRATION["attention_keys"]:
+        for D in CALIBRATION["attention_head_dims"]:
+            per = 2 * H * S * D * 4
+            for copies in sorted({1, min(max(1, round(ATTENTION_COLD_BYTES / per)), 200)}):
+                t = _time(_sdpa(1, H, 1, S, D, f32, copies), repeats=5, inner=max(1, 10 // copies))
+                decode.append([S, D, copies * per, {k: v / copies for k, v in t.items()}])
+    return {"prefill": [[T, D, _time(_sdpa(1, H, T, T, D, f32), repeats=5)]
+                        for T in CALIBRATION["attention_tokens"] for D in CALIBRATION["attention_head_dims"]],
+            "decode": decode,
+            "floor": {"prefill": _time(_sdpa(1, H, 8, 8, 8, f32), repeats=7, inner=20),
+                      "decode": _time(_sdpa(1, H, 1, 8, 8, f32), repeats=7, inner=50)}}
+
+
+def _elementwise_mix(M: int, W: int, dtype) -> callable:
+    """One layer's non-matmul kernels on M rows, as attnlab runs them: two layer norms, two residual adds, rotary on
+    q and k, tanh-GELU on the 4W hidden layer, the attention output's copy back to (M, W), keys and values written
+    into an fp32 cache, and with weights narrower than fp32 the queries widened to the cache's fp32 and the output
+    narrowed back."""
+    from attnlab.models.positional import apply_rotary
+
+    H, f32 = 4, torch.float32
+    x, y = torch.randn(M, W, dtype=dtype), torch.randn(M, W, dtype=dtype)
+    h = torch.randn(M, 4 * W, dtype=dtype)
+    q = torch.randn(1, H, M, W // H, dtype=dtype)
+    cos, sin = torch.randn(M, W // H, dtype=dtype), torch.randn(M, W // H, dtype=dtype)
+    out = torch.randn(1, H, M, W // H, dtype=f32)
+    cache = torch.zeros(1, H, M + 1, W // H, dtype=f32)
+
+    def fn():
+        F.layer_norm(x, (W,))
+        F.layer_norm(y, (W,))
+        x + y
+        x + y
+        apply_rotary(q, cos, sin)
+        apply_rotary(q, cos, sin)
+        F.gelu(h, approximate="tanh")
+        cache[:, :, :M] = q  # keys
+        cache[:, :, :M] = q  # values
+        o = out.to(dtype) if dtype != f32 else out
+        o.transpose(1, 2).reshape(M, W)  # (1, M, H, D) -> (M, W): a copy
+        if dtype != f32:
+            q.to(f32)
+    return fn
+
+
+def elementwise_elements(M: int, W: int, narrow: bool = False) -> int:
+    """Elements the mix passes, counted as analytic.forward_elementwise counts them (norms 2MW, adds 2MW, rotary
+    5 * M * 2W for q and k, GELU M * 4W), plus the copies: cache writes 2MW, the output's copy MW, and with
+    ``narrow`` weights (bf16, int8) the two conversions 2MW."""
+    return 2 * M * W + 2 * M * W + 5 * M * 2 * W + M * 4 * W + 3 * M * W + (2 * M * W if narrow else 0)
+
+
+def elementwise_table(dtypes: tuple[str, ...]) -> dict:
+    """{dtype: {"rows": [[M, W, elements, s]], "floor": s}}."""
+    from attnlab.engine.quantize import DTYPES
+
+    out = {}
+    for dtype in dtypes:
+        act = DTYPES[dtype]
+        fw = CALIBRATION["floor_width"]
+        rows = []
+        for W in CALIBRATION["widths"]:
+            for M in CALIBRATION["elementwise_rows"]:
+                if M * 4 * W > ELEMENT_CAP:
+                    continue
+                rows.append([M, W, elementwise_elements(M, W, dtype != "fp32"),
+                             _time(_elementwise_mix(M, W, act), repeats=5, inner=5 if M * W < 2 ** 16 else 1)])
+        out[dtype] = {"rows": rows, "floor": _time(_elementwise_mix(1, fw, act), repeats=7, inner=20)}
+    return out
+
+
+def _probe_config(layers: int):
+    from attnlab.config import ModelConfig
+
+    p = CALIBRATION["probe"]
+    return ModelConfig(dim=p["dim"], n_layers=layers, n_heads=p["n_heads"], vocab_size=p["vocab_size"],
+                       max_seq_len=p["prompt"] + p["new_tokens"] + 8)
+
+
+class Pulse:
+    """A 15 ms reference of the machine's pace, one figure per kind of work, on plain torch kernels (no layout
+    chosen by measurement: every process runs the same ones): ``fp32`` and ``bf16`` (a 320 x 320 by 320 x 1280
+    matmul in each dtype, a calibration shape), ``memory`` (the sum of 64 MiB) and ``dispatch`` (100 additions of
+    16 numbers).
+
+    Why: on this shared machine the pace changes within seconds, even in CPU time: the same bf16 matmul ran at
+    490, 1220 and 780 GFLOP/s in one process a few seconds apart (other tenants share the cores' matrix units
+    and caches). Timed between the calibration's benchmarks and between a validation case's repeats, the ratio of
+    its medians says how much faster or slower each kind of work ran during the case than during the calibration
+    (MEASURING.md: calibrate in the same run)."""
+
+    def __init__(self, dtypes=("fp32", "bf16")):
+        a, b = torch.randn(320, 320), torch.randn(320, 1280)
+        big = torch.ones(16 * MiB)
+        x, y = torch.ones(16), torch.ones(16)
+
+        def dispatch():
+            for _ in range(100):
+                x + y
+        self._fns = {"memory": (lambda: big.sum(), 1), "dispatch": (dispatch, 2)}
+        for d, (ad, bd) in {"fp32": (a, b), "bf16": (a.bfloat16(), b.bfloat16())}.items():
+            if d in dtypes:
+                self._fns[d] = (lambda ad=ad, bd=bd: ad @ bd, 3)
+        self.samples = {k: [] for k in self._fns}
+
+    def __call__(self) -> None:
+        for kind, (fn, inner) in self._fns.items():
+            self.samples[kind].append(_time(fn, repeats=3, warm=1, inner=inner))
+
+    def medians(self) -> dict:
+        """{clock: {kind: median seconds}}."""
+        return {clock: {k: statistics.median(t[clock] for t in v) for k, v in self.samples.items()}
+                for clock in ("wall", "cpu")}
+
+
+def time_generate(model, prompts: list[list[int]], new_tokens: int, repeats: int, min_warm_s: float = 0.5,
+                  pulse: Pulse | None = None) -> dict:
+    """Wall and CPU seconds of the engine's generate(), timed from outside, as the user waits for it:
+    TTFT = a call that returns one new token; per-step decode = (a call for ``new_tokens`` - a call for one)
+    / (new_tokens - 1). The two calls alternate, after a warm-up of both; medians of each, then the difference.
+    A ``pulse`` is timed after the warm-up and after each pair (its medians are returned under "pulse")."""
+    from attnlab.engine import generate
+
+    def call(n):
+        w, c = time.perf_counter(), time.process_time()
+        generate(model, prompts, n)
+        return time.perf_counter() - w, time.process_time() - c
+
+    start, warm = time.perf_counter(), 0
+    while warm < 1 or time.perf_counter() - start < min_warm_s:  # thread pools, allocator, first touch
+        call(1)
+        call(new_tokens)
+        warm += 1
+    if pulse is not None:
+        pulse()
+    one, many = [], []
+    for _ in range(repeats):
+        one.append(call(1))
+        many.append(call(new_tokens))
+        if pulse is not None:
+            pulse()
+    out = {"pulse": pulse.medians()} if pulse is not None else {}
+    for k, clock in enumerate(("wall", "cpu")):
+        t1 = statistics.median(x[k] for x in one)
+        tn = statistics.median(x[k] for x in many)
+        out[clock] = {"ttft": t1, "decode": (tn - t1) / (new_tokens - 1)}
+    out["spread"] = {"ttft_min": min(x[0] for x in one), "ttft_max": max(x[0] for x in one),
+                     "many_min": min(x[0] for x in many), "many_max": max(x[0] for x in many)}
+    return out
+
+
+def op_counts(cfg, batch: int, prompt: int, context: int, dtype: str = "fp32") -> dict:
+    """The tracer's op and matmul counts of the engine's prefill and of one decode step (trace.engine_ops)."""
+    from attnlab.cost.trace import engine_ops
+
+    ops = engine_ops(cfg, batch, prompt, context, dtype)
+    return {"prefill": ops["prefill"].ops, "decode": ops["decode"].ops,
+            "prefill_matmuls": ops["prefill"].matmul_ops, "decode_matmuls": ops["decode"].matmul_ops}
+
+
+def probe() -> dict:
+    """Engine timings of the tiny probe model (fp32): [[layers, batch, timings, ops]], ops = the tracer's counts
+    {"prefill": n, "decode": n, "prefill_matmuls": n, "decode_matmuls": n}."""
+    from attnlab.engine.quantize import set_precision
+    from attnlab.models import build_model
+
+    p = CALIBRATION["probe"]
+    rows = []
+    for layers in p["layers"]:
+        for batch in p["batch"]:
+            if batch > 1 and layers > min(p["layers"]):
+                continue
+            cfg = _probe_config(layers)
+            torch.manual_seed(0)
+            model = set_precision(build_model(cfg), "fp32", rows=batch)
+            g = torch.Generator().manual_seed(0)
+            prompts = [torch.randint(0, cfg.vocab_size, (p["prompt"],), generator=g).tolist() for _ in range(batch)]
+            t = time_generate(model, prompts, p["new_tokens"], repeats=5)
+            rows.append([layers, batch, t, op_counts(cfg, batch, p["prompt"], p["prompt"] + p["new_tokens"] // 2)])
+    return {"rows": rows}
+
+
+def cold_dispatch(trials: int = 25) -> dict:
+    """{"rows": [[bytes, s]]}: seconds of the elementwise floor's 15 tiny kernels (all dispatch, no arithmetic)
+    just after ``bytes`` were streamed through the caches (a sum). Why: in a decode step every small op follows a
+    matrix that was streamed from memory and evicted what dispatching needs; measured here, the same 15 calls took
+    53 us after nothing and 125-280 us after 8-128 MiB. Each figure is the median of ``trials``, timed around the
+    kernels only."""
+    mix = _elementwise_mix(1, CALIBRATION["floor_width"], torch.float32)
+    rows = []
+    for mib in CALIBRATION["cold_mib"]:
+        buf = torch.ones(max(1, int(mib * MiB) // 4))
+        mix()
+        wall, cpu = [], []
+        for _ in range(trials):
+            buf.sum()
+            w, c = time.perf_counter(), time.process_time()
+            mix()
+            wall.append(time.perf_counter() - w)
+            cpu.append(time.process_time() - c)
+        rows.append([int(mib * MiB), {"wall": statistics.median(wall), "cpu": statistics.median(cpu)}])
+    return {"rows": rows}
+
+
+def memory() -> dict:
+    """Read bandwidth of a 256 MiB sum; first-touch write bandwidth of a fresh 64 MiB zeros tensor (what a new KV
+    cache costs: the pages are mapped and zeroed as they are first written)."""
+    x = torch.ones(64 * MiB)  # 256 MiB
+    read = _time(lambda: x.sum(), repeats=5)
+    n = 16 * MiB  # 64 MiB of fp32
+
+    def touch():
+        torch.zeros(n).fill_(1.0)
+    first = _time(touch, repeats=5)
+    warm_fill = torch.zeros(n)
+    fill = _time(lambda: warm_fill.fill_(1.0), repeats=5)
+    return {"read_bytes": x.numel() * 4, "read": read, "touch_bytes": n * 4, "touch": first, "fill": fill}
+
+
+def shapes() -> set[tuple]:
+    """Every shape a calibration micro-benchmark runs, in the vocabulary of validate.case_shapes:
+    ("linear", rows, in, out), ("attention", T queries, S keys, head_dim), ("elementwise", rows, width),
+    ("model", dim, n_layers)."""
+    c = CALIBRATION
+    out = set()
+
+    def layer(rows, W):
+        out.update(("linear", rows, i, o) for o, i in ((3 * W, W), (W, W), (4 * W, W), (W, 4 * W)))
+    layer(1, c["floor_width"])
+    for W in c["widths"]:
+        for M in c["prefill_rows"]:
+            if 24 * M * W * W <= PREFILL_FLOP_CAP:
+                layer(M, W)
+        for rows in c["decode_rows"]:
+            layer(rows, W)
+        out.update(("elementwise", M, W) for M in c["elementwise_rows"] if M * 4 * W <= ELEMENT_CAP)
+    out.add(("elementwise", 1, c["floor_width"]))
+    out.update({("attention", 8, 8, 8), ("attention", 1, 8, 8)})
+    for D in c["attention_head_dims"]:
+        out.update(("attention", T, T, D) for T in c["attention_tokens"])
+        out.update(("attention", 1, S, D) for S in c["attention_keys"])
+    p = c["probe"]
+    out.update(("model", p["dim"], L) for L in p["layers"])
+    return out
+
+
+def run(dtypes: tuple[str, ...], modules: dict | None = None) -> dict:
+    """Every micro-benchmark, for ``dtypes``; the raw figures ``cost.cpu`` reads. ``modules``: see linear_tables."""
+    t0 = time.perf_counter()
+    out, took = {}, {}
+    with torch.inference_mode():
+        pulse = Pulse(dtypes)
+        pulse()
+        for name, bench in (("probe", probe), ("linear", lambda: linear_tables(dtypes, modules, pulse)),
+                            ("attention", attention_tables),
+                            ("elementwise", lambda: elementwise_table(dtypes)), ("cold_dispatch", cold_dispatch),
+                            ("memory", memory)):
+            t = time.perf_counter()
+            out[name] = bench()
+            took[name] = time.perf_counter() - t
+            pulse()  # between the benchmarks: its medians are the machine's pace over the calibration
+    out["pulse"] = pulse.medians()
+    out["seconds_by_benchmark"] = took
+    out["dtypes"] = list(dtypes)
+    out["shapes"] = CALIBRATION
+    out["seconds"] = time.perf_counter() - t0
+    return out
