@@ -29,8 +29,10 @@ class SSMState(FixedState):
 def scan_sequential(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor):
     """a, b (B, T, E, N); h0 (B, E, N) -> all h_t (B, T, E, N). T dependent steps."""
     hs, h = [], h0
-    for t in range(a.shape[1]):
-        h = a[:, t] * h + b[:, t]
+    # unbind, not a[:, t]: each indexed read's backward writes a full (B, T, E, N) zero tensor (T^2 work in
+    # training, 1 s a step at T=40); unbind's backward stacks the T gradients once.
+    for a_t, b_t in zip(a.unbind(1), b.unbind(1)):
+        h = a_t * h + b_t
         hs.append(h)
     return torch.stack(hs, dim=1)
 
