@@ -238,28 +238,33 @@ def _estimates(scale: str, only, previous: Path) -> dict[int, float]:
 
 
 class ReportProgress:
-    """A progress bar over the report's estimated seconds, with an ETA; a thread moves it through each claim's
-    estimate while the claim runs (never past it), and each claim's verdict is printed as it lands."""
+    """Progress over the report's estimated seconds, with an ETA. On a terminal, a bar that a thread moves through
+    each claim's estimate while the claim runs (never past it); otherwise one line per claim as it starts, with the
+    estimated time left (the estimates scaled by how the finished claims compared with theirs). Each claim's verdict
+    is printed as it lands."""
 
-    def __init__(self, estimates: dict[int, float]):
-        self.estimates, self.done_s = estimates, 0.0
+    def __init__(self, estimates: dict[int, float], stream=None):
+        self.estimates, self.stream = estimates, stream or sys.stderr
+        self.done_est_s, self.done_s, self.current, self.bar = 0.0, 0.0, None, None
 
     def __enter__(self):
-        import threading
+        if self.stream.isatty():
+            import threading
 
-        from tqdm import tqdm
+            from tqdm import tqdm
 
-        self.bar = tqdm(total=round(sum(self.estimates.values())), unit="s", file=sys.stderr, mininterval=1.0,
-                        bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed} elapsed, ETA {remaining}")
-        self.stop, self.current = threading.Event(), None
-        self.thread = threading.Thread(target=self._tick, daemon=True)
-        self.thread.start()
+            self.bar = tqdm(total=round(sum(self.estimates.values())), unit="s", file=self.stream, mininterval=1.0,
+                            bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed} elapsed, ETA {remaining}")
+            self.stop = threading.Event()
+            self.thread = threading.Thread(target=self._tick, daemon=True)
+            self.thread.start()
         return self
 
     def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-        self.bar.close()
+        if self.bar is not None:
+            self.stop.set()
+            self.thread.join()
+            self.bar.close()
 
     def _tick(self):
         import time
@@ -268,22 +273,35 @@ class ReportProgress:
             cur = self.current
             if cur is not None:
                 est, start = cur
-                self.bar.n = round(self.done_s + min(time.perf_counter() - start, 0.95 * est))
+                self.bar.n = round(self.done_est_s + min(time.perf_counter() - start, 0.95 * est))
                 self.bar.refresh()
+
+    def left_s(self) -> float:
+        """Estimated seconds left for the claims not finished, scaled by actual / estimated so far."""
+        pace = self.done_s / self.done_est_s if self.done_est_s else 1.0
+        return pace * (sum(self.estimates.values()) - self.done_est_s)
 
     def __call__(self, exp, entry):
         import time
 
         est = self.estimates.get(exp.id, DEFAULT_EST_S)
         if entry is None:
-            self.bar.set_description_str(f"[{exp.id:2d}] {exp.title} (~{est:.0f} s)")
             self.current = (est, time.perf_counter())
+            if self.bar is not None:
+                self.bar.set_description_str(f"[{exp.id:2d}] {exp.title} (~{est:.0f} s)")
+            else:
+                print(f"[{exp.id:2d}] {exp.title} ... (~{est:.0f} s; ~{self.left_s():.0f} s left in all)",
+                      file=self.stream, flush=True)
             return
         self.current = None
-        self.done_s += est
-        self.bar.n = round(self.done_s)
-        self.bar.write(f"[{exp.id:2d}] {exp.title}: {entry['verdict']}: {entry['figure']} ({entry['elapsed_s']:.1f} s)",
-                       file=sys.stderr)
+        self.done_est_s += est
+        self.done_s += entry["elapsed_s"]
+        line = f"     {entry['verdict']}: {entry['figure']} ({entry['elapsed_s']:.1f} s)"
+        if self.bar is None:
+            print(line, file=self.stream, flush=True)
+            return
+        self.bar.n = round(self.done_est_s)
+        self.bar.write(f"[{exp.id:2d}] {exp.title}:" + line[4:], file=self.stream)
         self.bar.refresh()
 
 
