@@ -7,14 +7,10 @@ tensor is its own mapping, returned to the system when freed: resident bytes the
 what the allocator keeps for later. On CUDA it is torch's peak allocation above the same baseline.
 """
 import gc
-import json
-import os
-import re
-import subprocess
-import sys
 
 import torch
 
+from attnlab.bench import reset_peak_resident, resident_bytes, run_fresh
 from attnlab.config import preset
 from attnlab.cost.analytic import kv_bytes_per_token
 from attnlab.cost.arch import from_model_config
@@ -58,14 +54,6 @@ def _model(device):
     return set_precision(build_model(preset("small-10m", max_seq_len=2048), device), "fp32")
 
 
-def _status_bytes(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            return int(re.search(rf"{key}:\s+(\d+) kB", f.read()).group(1)) * 1024
-    except (OSError, AttributeError):
-        return None
-
-
 def decode_peaks(lens, new, device) -> list[dict]:
     """Peak bytes held while decoding ``new`` tokens after a prompt of each length, above the bytes held before the
     state was allocated (run in a fresh process on a CPU: see the module docstring)."""
@@ -78,44 +66,32 @@ def decode_peaks(lens, new, device) -> list[dict]:
             ids = torch.randint(0, model.cfg.vocab_size, (1, T), generator=torch.Generator().manual_seed(T)).to(device)
             for counted in (False, True):  # the first pass grows the allocator's small-object heaps to this length's need
                 gc.collect()
-                base = torch.cuda.memory_allocated(device) if cuda else _status_bytes("VmRSS")
+                base = torch.cuda.memory_allocated(device) if cuda else resident_bytes("VmRSS")
                 state = model.new_state(1, T + new)
                 nxt = prefill(model, ids, state).argmax(-1)
                 if cuda:
                     torch.cuda.synchronize(device)
                     torch.cuda.reset_peak_memory_stats(device)
                 else:
-                    with open("/proc/self/clear_refs", "w") as f:  # VmHWM := VmRSS: the peak from here on is decoding's
-                        f.write("5")
+                    reset_peak_resident()  # VmHWM := VmRSS: the peak from here on is decoding's
                 for _ in range(new):
                     nxt = decode_one_token(model, nxt, state).argmax(-1)
-                peak = torch.cuda.max_memory_allocated(device) if cuda else _status_bytes("VmHWM")
+                peak = torch.cuda.max_memory_allocated(device) if cuda else resident_bytes("VmHWM")
                 if counted:
                     out.append({"context": T + new, "peak_bytes": peak - base, "state_nbytes": state.nbytes})
                 del state, nxt
     return out
 
 
-def _child() -> None:
-    from attnlab.runtime import set_threads
-
-    lens, new, threads, device = json.loads(sys.argv[1])
-    set_threads(threads)
-    print(json.dumps(decode_peaks(lens, new, device)))
-
-
 def _measured_peaks(lens, new, device) -> list[dict] | str:
     if torch.device(device).type == "cuda":
         return decode_peaks(lens, new, device)
-    if _status_bytes("VmHWM") is None:
+    if resident_bytes("VmHWM") is None:
         return "no /proc/self/status: resident memory cannot be read here"
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # every tensor over 64 KiB its own mapping, unmapped when freed
-    cmd = [sys.executable, "-c", "from attnlab.experiments.e10_kv_cache import _child; _child()",
-           json.dumps([lens, new, torch.get_num_threads(), str(device)])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        return "memory run failed: " + (proc.stderr.strip().splitlines() or ["killed"])[-1][:200]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    try:
+        return run_fresh("attnlab.experiments.e10_kv_cache", "decode_peaks", [lens, new, str(device)])
+    except (RuntimeError, OSError) as e:
+        return f"memory run failed: {e}"
 
 
 def _tpot(model, ids, use_cache):
