@@ -31,7 +31,7 @@ CHANGES = [
      "why": ("Tracing a recurrent model costs time in proportion to n; the depth exponents are exact (one step per "
              "token, or none) at any n, so the quick run's time goes where verdicts need it. Full scale is unchanged.")},
 ]
-EST_S = {"quick": 15, "full": 30}  # seconds on a 2-core CPU: the report's progress estimate
+EST_S = {"quick": 6, "full": 30}  # seconds on a 2-core CPU: the report's progress estimate
 
 MODELS = {"transformer": dict(kernel="naive"), "rnn": dict(family="rnn"), "lstm": dict(family="lstm"),
           "gru": dict(family="gru"), "ssm-sequential": dict(family="ssm", scan="sequential", pos="none"),

@@ -21,7 +21,7 @@ CHANGES = [
      "why": ("Medians of 3 calls on a shared machine can order two close timings either way; the verdict now needs "
              "the ranges of 5 calls (after a warm-up) not to overlap.")},
 ]
-EST_S = {"quick": 8, "full": 25}  # seconds on a 2-core CPU: the report's progress estimate
+EST_S = {"quick": 3, "full": 30}  # seconds on a 2-core CPU: the report's progress estimate
 MAX_N, REPEATS = 1024, 5
 
 

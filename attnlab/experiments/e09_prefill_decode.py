@@ -20,7 +20,7 @@ CHANGES = [
      "why": "One timed generation per length gave a ratio with no spread; the longest prompt now runs 3 timed times "
             "after a warm-up, and a ratio whose repeats fall on both sides of the threshold decides nothing."},
 ]
-EST_S = {"quick": 6, "full": 8}  # seconds on a 2-core CPU: the report's progress estimate
+EST_S = {"quick": 2, "full": 8}  # seconds on a 2-core CPU: the report's progress estimate
 MIN_RATIO, REPEATS = 5, 3
 
 

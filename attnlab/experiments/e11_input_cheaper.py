@@ -23,7 +23,7 @@ CHANGES = [
      "why": ("The GPU ratios are datasheet arithmetic in the cost model, not measurements, so they could not fail; the "
              "measured ratio now comes from 3 generations after a warm-up, and a spread across the threshold is no verdict.")},
 ]
-EST_S = {"quick": 3, "full": 5}  # seconds on a 2-core CPU: the report's progress estimate
+EST_S = {"quick": 1.5, "full": 3}  # seconds on a 2-core CPU: the report's progress estimate
 MIN_RATIO, REPEATS, PROMPT_TOKENS = 3, 3, 512
 GPUS = ("h100-sxm", "h200", "a100-80gb", "rtx-4090")
 

@@ -39,7 +39,7 @@ CHANGES = [
              "costs the same either way and so dilutes the gain: hence 1.25x rather than 2x), with a warm-up and "
              "3 alternating repeats whose spread the difference must beat.")},
 ]
-EST_S = {"quick": 8, "full": 30}  # seconds on a 2-core CPU: the report's progress estimate
+EST_S = {"quick": 9, "full": 30}  # seconds on a 2-core CPU: the report's progress estimate
 MIN_GAIN, REPEATS = 1.25, 3
 
 

@@ -23,7 +23,7 @@ CHANGES = [
      "why": ("Each k lays the target's weights out anew for k+1 rows; the first call on that layout paid one-time "
              "costs inside the timed prompts. The threshold is unchanged; the reasons now show the per-prompt spread.")},
 ]
-EST_S = {"quick": 70, "full": 420}  # seconds on a 2-core CPU: the report's progress estimate
+EST_S = {"quick": 85, "full": 420}  # seconds on a 2-core CPU: the report's progress estimate
 GOOD, BREAK_EVEN = 1.2, 1.0  # the THRESHOLD above, as numbers
 
 
