@@ -87,6 +87,7 @@ def _run_one(kernel: str, T: int, H: int, D: int, repeats: int, dtype: str, devi
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     return {"kernel": kernel, "seq_len": T, "time_s": statistics.median(times), "time_min_s": min(times),
+            "time_max_s": max(times),
             "peak_bytes": peak, "pairs_scored": pairs, "status": "ok"}
 
 
@@ -96,6 +97,45 @@ def _current_rss() -> int:
             return int(f.read().split()[1]) * resource.getpagesize()
     except OSError:  # no procfs: fall back to the high-water mark (under-reports small kernels)
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# Peak memory of several configurations in one fresh process (the experiments use this; `bench attention` runs one
+# process per configuration instead). With glibc's mmap threshold fixed, every allocation over 64 KiB is a mapping of
+# its own, unmapped when freed, so resident bytes follow the live tensors rather than what malloc keeps for later;
+# resetting the peak (VmHWM) before each configuration makes its high-water mark that configuration's alone.
+MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+def resident_bytes(key: str = "VmRSS") -> int | None:
+    """The process's resident bytes now (VmRSS) or at their peak since the last reset (VmHWM); None without procfs."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_resident() -> None:
+    """Set VmHWM to the current VmRSS (Linux >= 4.0: writing 5 to /proc/self/clear_refs)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def run_fresh(module: str, func: str, args: list, threads: int | None = None):
+    """``module.func(*args)`` in a fresh Python process with MMAP_ENV set; returns its JSON result. Raises
+    RuntimeError with the child's last error line if it fails."""
+    import os
+
+    code = (f"import json, sys; from attnlab.runtime import set_threads; from {module} import {func}; "
+            f"a = json.loads(sys.argv[1]); set_threads(a.pop()); print(json.dumps({func}(*a)))")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps([*args, threads or torch.get_num_threads()])],
+                          capture_output=True, text=True, env={**os.environ, **MMAP_ENV})
+    if proc.returncode != 0:
+        raise RuntimeError((proc.stderr.strip().splitlines() or ["killed"])[-1][:200])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def bench_attention(kernels: list[str], seq_lens: list[int], heads: int = 12, head_dim: int = 64, repeats: int = 3,

@@ -116,3 +116,29 @@ def test_results_record_the_code_version_and_the_page_shows_it():
     assert "not a git checkout" in render({**results, "context": {**ctx, "git": None}})
     old = {k: v for k, v in ctx.items() if k != "git"}  # a results.json written before the field existed
     assert "code not recorded" in render({**results, "context": old})
+
+
+def test_progress_estimates_and_lines(tmp_path):
+    """The ETA comes from the last report at the same scale in the output folder, else each claim's EST_S; in a log
+    (not a terminal) each claim prints one line as it starts, with the time left, and one with its verdict."""
+    import io
+    import types
+
+    from attnlab.cli_measure import ReportProgress, _estimates
+
+    exps = registry()
+    est = _estimates("quick", [4, 6], tmp_path / "results.json")
+    assert est == {4: exps[4].est_s["quick"], 6: exps[6].est_s["quick"]}
+    (tmp_path / "results.json").write_text(json.dumps({"scale": "quick", "claims": [{"id": 4, "elapsed_s": 7.5}]}))
+    assert _estimates("quick", [4, 6], tmp_path / "results.json")[4] == 7.5
+    assert _estimates("full", [4], tmp_path / "results.json")[4] == exps[4].est_s["full"]  # another scale: not used
+    out = io.StringIO()
+    with ReportProgress({1: 10.0, 2: 10.0}, out) as progress:
+        for i in (1, 2):
+            claim = types.SimpleNamespace(id=i, title=f"claim {i}")
+            progress(claim, None)
+            progress(claim, {"verdict": SUPPORTED, "figure": "x", "elapsed_s": 20.0})
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[ 1] claim 1 ... (~10 s; ~20 s left in all)"
+    assert lines[2] == "[ 2] claim 2 ... (~10 s; ~20 s left in all)"  # the first took twice its estimate
+    assert lines[3] == "     supported: x (20.0 s)"

@@ -71,6 +71,7 @@ class Experiment:
     decide: Callable | None = None  # decide(measured: dict) -> Decision
     changes: list = field(default_factory=list)  # the module's CHANGES: [{date, what, old, new, why}]
     source: str = ""
+    est_s: dict = field(default_factory=dict)  # the module's EST_S: {"quick": s, "full": s}, for the progress bar
 
 
 @dataclass

@@ -9,7 +9,7 @@ from attnlab.engine import generate
 from attnlab.engine.generate import sample_continuations
 from attnlab.engine.quantize import set_precision
 from attnlab.engine.speculative import speculative_generate
-from attnlab.experiments.base import Outcome, Plot, Series, verdict
+from attnlab.experiments.base import Decision, Outcome, Plot, Series, verdict
 from attnlab.models import build_model
 from attnlab.train import train_in_memory
 
@@ -18,6 +18,13 @@ CLAIM = "A small draft proposing k tokens that the target verifies in one parall
 PREDICTION = ("Greedy output is identical at every k; acceptance falls as k grows; the speedup over plain decoding of "
               "the same target exceeds 1 at some k when the draft is much cheaper than the target and often agrees.")
 THRESHOLD = "Supported if outputs are identical at every k and the best speedup is >= 1.2; not supported if outputs differ or no k reaches 1.0."
+CHANGES = [
+    {"date": "2026-11-30", "what": "method: an untimed warm-up of each k's speculative and plain paths before timing",
+     "why": ("Each k lays the target's weights out anew for k+1 rows; the first call on that layout paid one-time "
+             "costs inside the timed prompts. The threshold is unchanged; the reasons now show the per-prompt spread.")},
+]
+EST_S = {"quick": 85, "full": 420}  # seconds on a 2-core CPU: the report's progress estimate
+GOOD, BREAK_EVEN = 1.2, 1.0  # the THRESHOLD above, as numbers
 
 
 def _train(cfg, task, tc, device, teacher=None, batch=None):
@@ -27,7 +34,7 @@ def _train(cfg, task, tc, device, teacher=None, batch=None):
                            teacher=teacher)
 
 
-def run(scale: str, device: str) -> Outcome:
+def measure(scale: str, device: str) -> dict:
     steps = 150 if scale == "quick" else 1500
     tc = TrainConfig(seq_len=96, batch_size=16, steps=steps, warmup_steps=steps // 10, corpus_max_bytes=3_000_000)
     task = make_task(tc)
@@ -48,34 +55,54 @@ def run(scale: str, device: str) -> Outcome:
                                  tc, device, teacher=trained, batch=sample_batch), "fp32")
     prompts = [task.val_ids[s:s + prompt_len].tolist() for s in (2000, 9000, 16000)]
     base = [generate(target, p, new).tokens for p in prompts]
-    ks = [1, 2, 4, 6]
-    rows, speed, acc, same = [], [], [], True
-    for k in ks:
+    rows = []
+    for k in (1, 2, 4, 6):
         # the verify pass has k+1 rows: the target's weights are laid out for that size (quantize.DenseLinear),
         # and plain decoding counts at the faster of the two layouts
         target_k = set_precision(copy.deepcopy(trained), "fp32", rows=k + 1)
-        plain_s = [0.0, 0.0]
-        spec_s, accepted, proposed, identical = 0.0, 0, 0, True
-        for p, expected in zip(prompts, base):
+        generate(target_k, prompts[0], 8)  # warm-up of the new layout and of the speculative path, untimed
+        speculative_generate(target_k, prompts[0], 8, k=k, draft=draft)
+        plain_s = [[0.0, 0.0] for _ in prompts]
+        spec_s, accepted, proposed, identical = [], 0, 0, True
+        for i, (p, expected) in enumerate(zip(prompts, base)):
             for j, m in enumerate((target, target_k)):
-                plain_s[j] += generate(m, p, new).stats.total_s
+                plain_s[i][j] = generate(m, p, new).stats.total_s
             out = speculative_generate(target_k, p, new, k=k, draft=draft)
-            spec_s += out.stats.total_s
+            spec_s.append(out.stats.total_s)
             accepted += round(out.stats.accepted * out.stats.proposed)
             proposed += out.stats.proposed
             identical &= out.tokens == expected
-        same &= identical
-        s = min(plain_s) / spec_s
-        speed.append(s)
-        acc.append(accepted / max(1, proposed))
-        rows.append({"k": k, "speedup": s, "acceptance": acc[-1], "identical": identical})
-    best = max(speed)
-    ok = None if same and 1.0 <= best < 1.2 else (same and best >= 1.2)
-    return Outcome(verdict(ok), f"best speedup {best:.2f}x (k={ks[speed.index(best)]}), acceptance {acc[0]:.0%} at k=1 "
-                   f"-> {acc[-1]:.0%} at k={ks[-1]}; greedy output identical: {same}",
-                   {"rows": rows, "identical": same}, [
-                       Plot("Speedup vs k", "k (draft tokens per round)", "x plain decode", [Series("speedup", ks, speed)]),
-                       Plot("Acceptance vs k", "k", "accepted / proposed", [Series("acceptance", ks, acc)])], rows,
-                   [f"Target ~2.7M parameters trained {steps} steps on the embedded corpus; draft ~0.07M distilled from "
-                    f"it {steps} steps on its greedy continuations of {len(samples)} training-split prompts; 3 held-out "
-                    "prompts. On a CPU the draft's per-token overhead is a large share of so small a target's cost."])
+        plain = min(sum(s[j] for s in plain_s) for j in range(2))
+        rows.append({"k": k, "speedup": plain / sum(spec_s), "acceptance": accepted / max(1, proposed),
+                     "identical": identical, "speedup_by_prompt": [min(p) / s for p, s in zip(plain_s, spec_s)]})
+    return {"rows": rows, "identical": all(r["identical"] for r in rows), "steps": steps, "samples": len(samples),
+            "new_tokens": new}
+
+
+def decide(measured: dict) -> Decision:
+    rows = measured["rows"]
+    same = all(r["identical"] for r in rows)
+    best = max(rows, key=lambda r: r["speedup"])
+    per = best.get("speedup_by_prompt") or [best["speedup"]]
+    reasons = ["greedy output identical at every k: " + ("yes" if same else "no: at k = " + ", ".join(
+        str(r["k"]) for r in rows if not r["identical"])),
+        f"best speedup {best['speedup']:.2f}x at k={best['k']} (per prompt {min(per):.2f}-{max(per):.2f}x) >= {GOOD}: "
+        f"{'yes' if best['speedup'] >= GOOD else 'no'}; >= {BREAK_EVEN}: {'yes' if best['speedup'] >= BREAK_EVEN else 'no'}"]
+    ok = None if same and BREAK_EVEN <= best["speedup"] < GOOD else (same and best["speedup"] >= GOOD)
+    figure = (f"best speedup {best['speedup']:.2f}x (k={best['k']}), acceptance {rows[0]['acceptance']:.0%} at "
+              f"k={rows[0]['k']} -> {rows[-1]['acceptance']:.0%} at k={rows[-1]['k']}; greedy output identical: {same}")
+    return Decision(verdict(ok), figure, reasons)
+
+
+def run(scale: str, device: str) -> Outcome:
+    m = measure(scale, device)
+    rows = m["rows"]
+    ks = [r["k"] for r in rows]
+    return Outcome.of(decide(m), m, [
+        Plot("Speedup vs k", "k (draft tokens per round)", "x plain decode", [Series("speedup", ks, [r["speedup"] for r in rows])]),
+        Plot("Acceptance vs k", "k", "accepted / proposed", [Series("acceptance", ks, [r["acceptance"] for r in rows])])],
+        rows,
+        [f"Target ~2.7M parameters trained {m['steps']} steps on the embedded corpus; draft ~0.07M distilled from "
+         f"it {m['steps']} steps on its greedy continuations of {m['samples']} training-split prompts; 3 held-out "
+         "prompts. On a CPU the draft's per-token overhead is a large share of so small a target's cost.",
+         "The best k is chosen on the same 3 prompts it is reported on, which flatters it a little."])

@@ -57,7 +57,8 @@ def render(results: dict) -> str:
     env.filters["fmt"] = _fmt
     claims = []
     for c in results["claims"]:
-        claims.append({**c, "svgs": [svg(p) for p in c.get("plots", [])]})
+        columns = list(dict.fromkeys(k for row in c.get("table", []) for k in row))  # rows may differ: the union
+        claims.append({**c, "svgs": [svg(p) for p in c.get("plots", [])], "columns": columns})
     return env.from_string(TEMPLATE.read_text()).render(claims=claims, ctx=results["context"], scale=results["scale"],
                                                         total_s=results.get("total_s", 0.0))
 
