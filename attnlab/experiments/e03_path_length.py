@@ -76,10 +76,10 @@ def decide(m: dict) -> Decision:
     grad_ok = ratio["transformer"] >= 0.1 and all(ratio[f] <= 0.01 for f in RECURRENT)
     reasons.append(f"gradient far/near: transformer {ratio['transformer']:.2g} (>= 0.1?), "
                    + ", ".join(f"{f} {ratio[f]:.2g}" for f in RECURRENT) + f" (each <= 0.01?): {'yes' if grad_ok else 'no'}")
-    rec = m["recall"]
-    top = max(int(p) for p in rec["transformer"]["test"])
+    rec = {f: {**r, "test": recall.by_int(r["test"])} for f, r in m["recall"].items()}
+    top = max(rec["transformer"]["test"])
     at = {f: [s["acc"] for s in r["test"][top] if s["acc"] is not None] for f, r in rec.items()}
-    smallest = min(int(p) for p in rec["transformer"]["test"])
+    smallest = min(rec["transformer"]["test"])
     learned = max(max(s["acc"] for s in r["test"][smallest]) for r in rec.values())
     reasons.append(f"best accuracy at {smallest} pairs: {learned:.0%} (>= 50% means the task was learned)")
     wins = {f: compare(at["transformer"], at[f]) for f in at if f != "transformer"}

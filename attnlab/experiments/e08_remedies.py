@@ -94,10 +94,10 @@ def decide(m: dict) -> Decision:
     reasons.append(f"every remedy's exponent below exact attention's: {'yes' if faster else 'no'}")
     if implausible:
         reasons.append("physically implausible fits (a measuring fault): " + ", ".join(implausible))
-    rec = m["recall"]
-    top = max(int(p) for p in rec["transformer"]["test"])
+    rec = {f: {**r, "test": recall.by_int(r["test"])} for f, r in m["recall"].items()}
+    top = max(rec["transformer"]["test"])
     at = {f: [s["acc"] for s in r["test"][top]] for f, r in rec.items()}
-    smallest = min(int(p) for p in rec["transformer"]["test"])
+    smallest = min(rec["transformer"]["test"])
     learned = max(max(s["acc"] for s in r["test"][smallest]) for r in rec.values())
     wins = {f: compare(at["transformer"], at[f]) for f in REMEDIES if f in at}
     reasons.append(f"MQAR at {top} pairs: exact {mean(at['transformer']):.0%} (spread {spread(at['transformer']):.0%}) vs "

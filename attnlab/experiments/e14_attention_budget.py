@@ -28,8 +28,9 @@ def measure(scale: str, device: str) -> dict:
 
 
 def decide(m: dict) -> Decision:
-    f0, f1 = min(m["fillers"]), max(m["fillers"])
-    first, last = m["probes"][f0], m["probes"][f1]
+    probes = recall.by_int(m["probes"])
+    f0, f1 = min(probes), max(probes)
+    first, last = probes[f0], probes[f1]
     weight_fall = [1 - b["weight"] / a["weight"] if a["weight"] > 0 else 0.0 for a, b in zip(first, last)]
     acc_fall = [a["acc"] - b["acc"] for a, b in zip(first, last)]
     base_acc = mean([a["acc"] for a in first])

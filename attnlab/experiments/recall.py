@@ -154,6 +154,11 @@ def trained(name: str, scale: str, device: str) -> dict:
     return out
 
 
+def by_int(d: dict) -> dict:
+    """Integer keys back from results.json, where JSON made them strings; decide() reads either."""
+    return {int(k): v for k, v in d.items()}
+
+
 def summary(name: str, scale: str, device: str) -> dict:
     """What goes into results.json: everything but the models."""
     t = trained(name, scale, device)
