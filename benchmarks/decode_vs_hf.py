@@ -71,8 +71,9 @@ def gpt2_section(args, peak: float, bandwidth: float) -> dict:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    hf_cfg = GPT2Config(vocab_size=1024, n_layer=2, n_embd=64, n_head=4, n_positions=256,
-                                                   bos_token_id=1023, eos_token_id=1023) if args.quick else GPT2Config()
+    quick_cfg = dict(vocab_size=1024, n_layer=2, n_embd=64, n_head=4, n_positions=256, bos_token_id=1023,
+                     eos_token_id=1023)
+    hf_cfg = GPT2Config(**quick_cfg) if args.quick else GPT2Config()
     hf = GPT2LMHeadModel(hf_cfg).eval()
     folder = tempfile.mkdtemp()
     hf.save_pretrained(folder)
@@ -268,8 +269,9 @@ def speculative_section(target, draft, val: list[int], dtypes: list[str], n: int
                 entry["held_out_code_twice"] = run(options[chosen], [code_twice], rounds)
     plain_out = generate(set_precision(copy.deepcopy(target), "fp32"), code_twice, n).tokens
     out["code_twice_output_copies_the_code"] = sum(a == b for a, b in zip(plain_out, val[5000:5150] * 2)) / len(plain_out)
-    out["fp32_greedy_output_identical"] = all(v["identical_greedy_output"] for m in out["fp32"].values()
-                                              for v in [*m["tuning"].values(), m["held_out"]])
+    fp32_runs = [v for m in out["fp32"].values()
+                 for v in (*m["tuning"].values(), m["held_out"], m.get("held_out_code_twice")) if v]
+    out["fp32_greedy_output_identical"] = all(v["identical_greedy_output"] for v in fp32_runs)
     out["summary"] = {dt: {m: {"chosen": e["chosen"], "tuning_speedup": e["tuning"][e["chosen"]]["speedup"],
                                "held_out_speedup": e["held_out"]["speedup_rounds"],
                                "held_out_acceptance": e["held_out"]["acceptance"]}
