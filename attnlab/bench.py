@@ -87,8 +87,7 @@ def _run_one(kernel: str, T: int, H: int, D: int, repeats: int, dtype: str, devi
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     return {"kernel": kernel, "seq_len": T, "time_s": statistics.median(times), "time_min_s": min(times),
-            "time_max_s": max(times),
-            "peak_bytes": peak, "pairs_scored": pairs, "status": "ok"}
+            "time_max_s": max(times), "repeats": len(times), "peak_bytes": peak, "pairs_scored": pairs, "status": "ok"}
 
 
 def _current_rss() -> int:

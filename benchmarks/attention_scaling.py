@@ -2,8 +2,9 @@
 
     python benchmarks/attention_scaling.py [--seq-lens 1024,2048,4096,8192,16384,32768] [--repeats 3]
 
-Batch 1, 12 heads, head dim 64, fp32, causal; each configuration in a fresh subprocess (peak RSS over
-its own baseline), one untimed warm-up call, then the median of the timed repeats. Configurations
+Batch 1, 12 heads, head dim 64, fp32, causal; each configuration (kernel, length) in a fresh subprocess (peak
+RSS over its own baseline), one untimed warm-up call of that kernel at that length, then --repeats (>= 3)
+timed calls: each row gives their median (time_s) and spread (time_min_s, time_max_s). Configurations
 predicted to need more than the budget are skipped and reported.
 Writes benchmarks/results/attention_scaling.json.
 """
@@ -28,6 +29,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--out", default="benchmarks/results/attention_scaling.json")
     args = ap.parse_args()
+    if args.repeats < 3:
+        ap.error(f"--repeats {args.repeats}: a median with a spread needs at least 3 timed repeats")
     set_threads(args.threads)
     warn_if_emulated("attention_scaling", args.dtype)
     lens = [int(x) for x in args.seq_lens.split(",")]
@@ -52,7 +55,8 @@ def main() -> None:
         "flash_time_le_2x_sdpa_from_4k": bool(ratios) and max(ratios) <= 2.0,
     }
     out = {"benchmark": "attention_scaling", "context": context(dtype=args.dtype), "heads": 12, "head_dim": 64,
-           "batch": 1, "causal": True, "matmul_peak_flops": peak, "rows": rows, "summary": summary}
+           "batch": 1, "causal": True, "warmup_calls": 1, "repeats": args.repeats, "matmul_peak_flops": peak,
+           "rows": rows, "summary": summary}
     write_json(args.out, out)
     print(summary)
 

@@ -12,7 +12,8 @@ import torch
 
 from attnlab.runtime import cpu_name, machine_context, set_threads
 
-__all__ = ["context", "cpu_name", "matmul_peak_flops", "memory_bandwidth", "set_threads", "summarize", "write_json"]
+__all__ = ["context", "cpu_name", "matmul_peak_flops", "memory_bandwidth", "round_order", "set_threads", "summarize",
+           "timed_call", "write_json"]
 
 
 def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
@@ -45,7 +46,22 @@ def context(seed: int = 0, dtype: str = "fp32", device: str = "cpu") -> dict:
 
 
 def summarize(values: list[float]) -> dict:
+    """Median and spread (min, max) of repeated measurements."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def timed_call(fn):
+    """(wall seconds, result) of fn(): the benchmark's own clock, read just before the call and just after it
+    returns, whatever library is under test (MEASURING.md: one clock for both sides)."""
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def round_order(names: list, r: int) -> list:
+    """The order of round r: forward in even rounds, reversed in odd ones (A B, B A, ...: ABBA for two sides),
+    so a drift in the machine's speed falls on every side alike over an even number of rounds."""
+    return list(names) if r % 2 == 0 else list(reversed(names))
 
 
 def write_json(path: str | Path, data: dict) -> Path:

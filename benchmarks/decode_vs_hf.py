@@ -1,40 +1,60 @@
-"""attnlab's engine vs Hugging Face transformers on GPT-2 small's shape, side by side in one run.
+"""attnlab's engine vs Hugging Face transformers on GPT-2 small's shape, and speculative decoding, in one run.
 
-    python benchmarks/decode_vs_hf.py [--pairs 5] [--new-tokens 32]
+    python benchmarks/decode_vs_hf.py [--rounds 6] [--new-tokens 32] [--quick]
 
-Same random weights in both (HF builds GPT-2 small, saves safetensors, attnlab loads the folder),
-batch 1, greedy, the machine's calibrated matmul peak and bandwidth measured in the same process. One
-clock for both sides: the wall time of a whole call (TTFT = a call returning one token; time per token =
-(wall time for n tokens - for 1) / (n - 1)), every path warmed up, each round in another order.
-Also: decode with vs without the KV cache; bf16 / int8 held-out loss change and speculative decoding on
-models trained on the embedded corpus (benchmarks/cache/spec-target and spec-draft, see --help).
+GPT-2 section. Same random weights on both sides (HF builds GPT-2 small and saves safetensors; attnlab loads
+the folder), batch 1, greedy, the same dtype on both sides where HF has it (fp32, bf16; attnlab's int8 is
+compared with HF fp32 and bf16), the machine's matmul peak and bandwidth calibrated in the same process just
+before and after.
+
+The clock, one for every side: this script reads time.perf_counter() just before the call and just after it
+returns (common.timed_call), around HF's `model.generate(...)` and attnlab's `generate(...)` alike, request
+checks and set-up included; neither library's own timestamps are used.
+- TTFT = the wall time of a call that asks for one new token: from the call until the first token is returned.
+- time per output token (TPOT) = (wall time of a call for n tokens - that of the 1-token call of the same round,
+  same prompt) / (n - 1): both calls pay the same prefill, so the difference is the n - 1 decode steps.
+  (`min_new_tokens` holds HF to exactly n; attnlab has no stop token here.) Chosen over streamer callbacks
+  because it needs no hook inside either library: the same two clock reads around an ordinary call.
+Order: the sides run forward in even rounds and reversed in odd ones (A B C, C B A, ...: ABBA for two sides);
+--rounds is rounded up to even. Before any timing, every side (each library, each dtype) runs every timed call
+shape once, untimed. Reported: each side's median, min and max over rounds, and each ratio as the median (and
+min, max) of per-round ratios, the two sides of a ratio having been timed in the same round.
+
+Trained section (models trained on the embedded corpus: benchmarks/cache/spec-target and spec-draft, built by
+benchmarks/spec_models.py): bf16 / int8 held-out loss change, and speculative decoding with a draft model
+(k = 3..6) and with prompt lookup (n-gram sizes x k). Each setting is tried on TUNING prompts; the best
+(fp32: only settings whose greedy output equals plain greedy decoding's) is then measured once, on HELD-OUT
+prompts disjoint from the tuning ones, over --spec-rounds rounds. Speed-up = wall time of plain greedy decoding
+(the faster of its two weight layouts) / wall time of speculative decoding, for the same prompts and number of
+tokens, on the same clock as above; every path (each layout, each setting, each dtype) warmed up first, the
+order alternating per prompt. The JSON keeps the whole tuning table and the held-out figure.
 bf16 and int8 (whose activations are bf16) run only where attnlab.runtime finds bf16 native: on a CPU that
 emulates it they are ~100x slower than fp32 and are skipped, and the JSON says so (--dtypes forces them).
+--quick: a 2-layer GPT-2 and, without the cached models, tiny untrained ones: a smoke run, not a measurement.
 Writes benchmarks/results/decode_vs_hf.json.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import statistics
 import tempfile
-import time
+from pathlib import Path
 
 import torch
 
 from attnlab.cli_measure import warn_if_emulated
 from attnlab.engine import generate
 from attnlab.engine.quantize import set_precision, weight_bytes
+from attnlab.engine.speculative import speculative_generate
 from attnlab.models.hf import load_hf
 from attnlab.runtime import fast_dtypes
-from common import context, matmul_peak_flops, memory_bandwidth, set_threads, summarize, write_json
+from common import (context, matmul_peak_flops, memory_bandwidth, round_order, set_threads, summarize, timed_call,
+                    write_json)
 
-
-def hf_generate_s(hf, ids: torch.Tensor, n: int) -> tuple[float, list[int]]:
-    with torch.inference_mode():
-        t = time.perf_counter()
-        out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-        return time.perf_counter() - t, out[0, ids.shape[1]:].tolist()
+DRAFT_KS = (3, 4, 5, 6)  # draft tokens per round tried with the draft model
+LOOKUP = (((2, 4), 4), ((2, 4), 8), ((3, 8), 4), ((3, 8), 8))  # (n-gram min, max), k tried with prompt lookup
 
 
 def prefill_flops(n_params_nonembed: int, n_layers: int, dim: int, vocab: int, T: int) -> float:
@@ -42,149 +62,254 @@ def prefill_flops(n_params_nonembed: int, n_layers: int, dim: int, vocab: int, T
     return 2 * n_params_nonembed * T + 2 * n_layers * T * T * dim + 2 * dim * vocab
 
 
+def _ratios(a: list[float], b: list[float]) -> dict:
+    """Per-round a/b (both timed in the same round): median, min, max."""
+    return summarize([x / y for x, y in zip(a, b)])
+
+
 def gpt2_section(args, peak: float, bandwidth: float) -> dict:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    hf = GPT2LMHeadModel(GPT2Config()).eval()
+    quick_cfg = dict(vocab_size=1024, n_layer=2, n_embd=64, n_head=4, n_positions=256, bos_token_id=1023,
+                     eos_token_id=1023)
+    hf_cfg = GPT2Config(**quick_cfg) if args.quick else GPT2Config()
+    hf = GPT2LMHeadModel(hf_cfg).eval()
     folder = tempfile.mkdtemp()
     hf.save_pretrained(folder)
     base, cfg, _, _ = load_hf(folder)
     low = [dt for dt in ("bf16", "int8") if dt in args.dtypes]  # reduced precisions this run measures
     models = {dt: set_precision(copy.deepcopy(base), dt) for dt in ("fp32", *low)}
-    ctx = torch.randint(0, cfg.vocab_size, (1, 1024), generator=torch.Generator().manual_seed(1))
-    p512, p1024 = ctx[:, :512], ctx
+    hf_models = {"fp32": hf, **({"bf16": copy.deepcopy(hf).to(torch.bfloat16)} if "bf16" in low else {})}
+    short, long_ = (128, 254) if args.quick else (512, 1022)  # long: the context less room for the new tokens
+    ctx = torch.randint(0, cfg.vocab_size, (1, long_ + 2), generator=torch.Generator().manual_seed(1))
     n = args.new_tokens
-    sides = {"hf": lambda ids, k: hf_generate_s(hf, ids, k)[1]}
+
+    def hf_call(m, ids, k):
+        with torch.inference_mode():
+            out = m.generate(ids, max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=0)
+        return out[0, ids.shape[1]:].tolist()
+
+    sides = {}  # interleaved so that the sides of each ratio run next to each other
     for dt in ("fp32", *low):
-        sides[dt] = lambda ids, k, m=models[dt]: generate(m, ids[0].tolist(), k).tokens
-    rows = {f"{side}_{what}": [] for side in sides for what in ("ttft512", "ttft1024", "tpot")}
+        if dt in hf_models:
+            sides[f"hf_{dt}"] = lambda ids, k, m=hf_models[dt]: hf_call(m, ids, k)
+        sides[f"attnlab_{dt}"] = lambda ids, k, m=models[dt]: generate(m, ids[0].tolist(), k).tokens
+    calls = {"ttft_short": (ctx[:, :short], 1), "n_short": (ctx[:, :short], n), "ttft_long": (ctx[:, :long_], 1)}
+    for side in sides:  # warm-up: every side, every timed call shape, untimed
+        for ids, k in calls.values():
+            sides[side](ids, k)
+    t = {f"{side}_{what}": [] for side in sides for what in ("ttft_short", "ttft_long", "tpot")}
     tokens = {}
-
-    def wall_s(side, ids, k):
-        """The one clock for every side: wall time of the whole call, from the call until its tokens exist."""
-        t = time.perf_counter()
-        out = sides[side](ids, k)
-        return time.perf_counter() - t, out
-
-    for side in sides:  # warm up every path that is timed
-        for ids, k in ((p512, 1), (p512, n), (p1024[:, :1024 - 2], 1)):
-            wall_s(side, ids, k)
-    names = list(sides)
-    for r in range(args.pairs):  # each round in another order: HF first, then second, ...
-        for side in names[r % len(names):] + names[:r % len(names)]:
-            t1, _ = wall_s(side, p512, 1)  # TTFT = a call that returns one new token
-            tn, toks = wall_s(side, p512, n)  # per token = (wall time for n tokens - for 1) / (n - 1)
-            rows[f"{side}_ttft512"].append(t1)
-            rows[f"{side}_tpot"].append((tn - t1) / (n - 1))
-            rows[f"{side}_ttft1024"].append(wall_s(side, p1024[:, :1024 - 2], 1)[0])
-            tokens[side] = toks
-    same_tokens = tokens["fp32"] == tokens["hf"]
-    med = {k: statistics.median(v) for k, v in rows.items()}
+    rounds = args.rounds + args.rounds % 2
+    for r in range(rounds):
+        for side in round_order(list(sides), r):
+            t1, _ = timed_call(lambda: sides[side](*calls["ttft_short"]))
+            tn, tokens[side] = timed_call(lambda: sides[side](*calls["n_short"]))
+            tl, _ = timed_call(lambda: sides[side](*calls["ttft_long"]))
+            t[f"{side}_ttft_short"].append(t1)
+            t[f"{side}_tpot"].append((tn - t1) / (n - 1))
+            t[f"{side}_ttft_long"].append(tl)
+    med = {k: statistics.median(v) for k, v in t.items()}
     nonembed = sum(p.numel() for name, p in base.named_parameters() if "tok_emb" not in name and "pos_enc" not in name)
-    res = {"raw": {k: summarize(v) for k, v in rows.items()}, "greedy_tokens_identical_to_hf": same_tokens}
+    res = {"rounds": rounds, "order": "forward in even rounds, reversed in odd", "sides": list(sides),
+           "raw_s": {k: summarize(v) for k, v in t.items()},
+           "greedy_tokens_identical_to_hf": {dt: tokens[f"attnlab_{dt}"] == tokens[f"hf_{dt}"] for dt in hf_models}}
+    hf_tpot = t["hf_fp32_tpot"]
     for dt in ("fp32", *low):
+        ours = t[f"attnlab_{dt}_tpot"]
         per_token_bytes = weight_bytes(models[dt]) - cfg.vocab_size * cfg.dim * (4 if dt == "fp32" else 2)  # the
         # embedding table is read one row per token, not whole
         bound = per_token_bytes / bandwidth
-        res[f"decode_{dt}"] = {"tpot_ms": med[f"{dt}_tpot"] * 1e3, "tok_per_s": 1 / med[f"{dt}_tpot"],
-                               "speedup_vs_hf_fp32": med["hf_tpot"] / med[f"{dt}_tpot"],
-                               "bandwidth_bound_ms": bound * 1e3, "pct_of_bandwidth_bound": 100 * bound / med[f"{dt}_tpot"],
-                               "weight_bytes_read_per_token": per_token_bytes}
-    res["decode_hf_fp32"] = {"tpot_ms": med["hf_tpot"] * 1e3, "tok_per_s": 1 / med["hf_tpot"]}
-    for T in (512, 1024):
+        d = res[f"decode_{dt}"] = {
+            "tpot_ms": med[f"attnlab_{dt}_tpot"] * 1e3, "tpot_ms_min": 1e3 * min(ours), "tpot_ms_max": 1e3 * max(ours),
+            "tok_per_s": 1 / med[f"attnlab_{dt}_tpot"],
+            "speedup_vs_hf_fp32": _ratios(hf_tpot, ours)["median"], "speedup_vs_hf_fp32_rounds": _ratios(hf_tpot, ours),
+            "bandwidth_bound_ms": bound * 1e3, "pct_of_bandwidth_bound": 100 * bound / med[f"attnlab_{dt}_tpot"],
+            "weight_bytes_read_per_token": per_token_bytes}
+        same = "bf16" if dt != "fp32" and "bf16" in hf_models else "fp32"  # int8 runs bf16 activations
+        if same != "fp32":
+            d[f"speedup_vs_hf_{same}"] = _ratios(t[f"hf_{same}_tpot"], ours)["median"]
+            d[f"speedup_vs_hf_{same}_rounds"] = _ratios(t[f"hf_{same}_tpot"], ours)
+    for dt in hf_models:
+        v = t[f"hf_{dt}_tpot"]
+        res[f"decode_hf_{dt}"] = {"tpot_ms": 1e3 * med[f"hf_{dt}_tpot"], "tpot_ms_min": 1e3 * min(v),
+                                  "tpot_ms_max": 1e3 * max(v), "tok_per_s": 1 / med[f"hf_{dt}_tpot"]}
+    for label, what, T in (("ttft_512", "ttft_short", short), ("ttft_1024", "ttft_long", long_)):
         fl = prefill_flops(nonembed, cfg.n_layers, cfg.dim, cfg.vocab_size, T)
-        ours, theirs = med[f"fp32_ttft{T}"], med[f"hf_ttft{T}"]
-        res[f"ttft_{T}"] = {"attnlab_s": ours, "hf_s": theirs, "ratio_attnlab_over_hf": ours / theirs,
-                            "attnlab_pct_of_matmul_peak": 100 * fl / ours / peak,
-                            "hf_pct_of_matmul_peak": 100 * fl / theirs / peak}
+        ours, theirs = t[f"attnlab_fp32_{what}"], t[f"hf_fp32_{what}"]
+        entry = res[label] = {"prompt_tokens": T, "attnlab_s": statistics.median(ours), "hf_s": statistics.median(theirs),
+                              "attnlab_s_range": [min(ours), max(ours)], "hf_s_range": [min(theirs), max(theirs)],
+                              "ratio_attnlab_over_hf": _ratios(ours, theirs)["median"],
+                              "ratio_rounds": _ratios(ours, theirs),
+                              "attnlab_pct_of_matmul_peak": 100 * fl / statistics.median(ours) / peak,
+                              "hf_pct_of_matmul_peak": 100 * fl / statistics.median(theirs) / peak, "by_dtype": {}}
+        for dt in low:  # attnlab's reduced precisions against HF in the same dtype where it has one, else fp32
+            ref = f"hf_{dt}" if dt in hf_models else "hf_bf16" if "bf16" in hf_models else "hf_fp32"
+            mine = t[f"attnlab_{dt}_{what}"]
+            entry["by_dtype"][dt] = {"attnlab_s": statistics.median(mine), "attnlab_s_range": [min(mine), max(mine)],
+                                     "against": ref, "against_s": statistics.median(t[f"{ref}_{what}"]),
+                                     "ratio": _ratios(mine, t[f"{ref}_{what}"])}
     res["targets"] = {
         "decode_fp32_ge_1.5x_hf": res["decode_fp32"]["speedup_vs_hf_fp32"] >= 1.5,
         **{f"decode_{dt}_ge_2.5x_hf_fp32": res[f"decode_{dt}"]["speedup_vs_hf_fp32"] >= 2.5 for dt in low},
         "ttft_512_le_0.9x_hf": res["ttft_512"]["ratio_attnlab_over_hf"] <= 0.9,
         "ttft_1024_le_0.9x_hf": res["ttft_1024"]["ratio_attnlab_over_hf"] <= 0.9,
     }
-    # with vs without the cache, fp32, at two context lengths
-    cache = {}
-    for T in (128, 1024 - 8):
-        prompt = ctx[0, :T].tolist()
-        with_c, without = [], []
-        for _ in range(max(2, args.pairs // 2)):
-            with_c.append(generate(models["fp32"], prompt, 5).stats.tpot_s)
-            without.append(generate(models["fp32"], prompt, 5, use_cache=False).stats.tpot_s)
-        cache[str(T)] = {"cached_tpot_ms": 1e3 * statistics.median(with_c),
-                         "uncached_tpot_ms": 1e3 * statistics.median(without),
-                         "speedup": statistics.median(without) / statistics.median(with_c)}
-    res["cache_vs_no_cache"] = cache
+    res["cache_vs_no_cache"] = cache_section(models["fp32"], ctx, (32, long_ - 8) if args.quick else (128, 1016),
+                                             max(2, rounds // 2))
     return res
 
 
-def trained_section(args) -> dict:
-    """Quality of bf16/int8 and speculative speedups on models trained on the embedded corpus."""
-    from pathlib import Path
+def cache_section(model, ctx: torch.Tensor, lengths, rounds: int) -> dict:
+    """fp32 decode with vs without the KV cache. Both sides are attnlab's generate, so its own TPOT (the same
+    clock on both sides) is used; each path warmed up, the order alternating per round."""
+    cache = {}
+    for T in lengths:
+        prompt = ctx[0, :T].tolist()
+        paths = {"cached": lambda: generate(model, prompt, 5), "uncached": lambda: generate(model, prompt, 5, use_cache=False)}
+        for f in paths.values():
+            f()
+        tpot = {name: [] for name in paths}
+        for r in range(rounds):
+            for name in round_order(list(paths), r):
+                tpot[name].append(paths[name]().stats.tpot_s)
+        cache[str(T)] = {"cached_tpot_ms": 1e3 * statistics.median(tpot["cached"]),
+                         "uncached_tpot_ms": 1e3 * statistics.median(tpot["uncached"]),
+                         "speedup": _ratios(tpot["uncached"], tpot["cached"])["median"],
+                         "speedup_rounds": _ratios(tpot["uncached"], tpot["cached"])}
+    return cache
 
+
+def trained_section(args) -> dict:
+    """Quality of bf16/int8 and speculative decoding on models trained on the embedded corpus."""
     from attnlab.config import TrainConfig
     from attnlab.data.tasks import make_task
     from attnlab.loading import load_any
     from attnlab.train import evaluate
 
     target_dir, draft_dir = Path(args.target), Path(args.draft)
-    if not (target_dir / "manifest.json").exists() or not (draft_dir / "manifest.json").exists():
+    if (target_dir / "manifest.json").exists() and (draft_dir / "manifest.json").exists():
+        target, draft, origin = load_any(target_dir).model, load_any(draft_dir).model, f"{target_dir}, {draft_dir}"
+    elif args.quick:
+        target, draft, origin = _tiny_pair(), _tiny_pair(n_layers=1), "tiny untrained models (--quick smoke run)"
+    else:
         return {"skipped": f"build {target_dir} and {draft_dir} first: python benchmarks/spec_models.py"}
-    target, draft = load_any(target_dir), load_any(draft_dir)
-    n_target = sum(p.numel() for p in target.model.parameters())  # before prepacking hides the matrices
-    n_draft = sum(p.numel() for p in draft.model.parameters())
-    task = make_task(TrainConfig(seq_len=256, batch_size=8, eval_batches=8))
+    n_target = sum(p.numel() for p in target.parameters())  # before prepacking hides the matrices
+    n_draft = sum(p.numel() for p in draft.parameters())
+    task = make_task(TrainConfig(seq_len=256, batch_size=8, eval_batches=1 if args.quick else 8))
     batches = task.eval_batches()
     quality = {}
     low = [dt for dt in ("bf16", "int8") if dt in args.dtypes]
     for dt in ("fp32", *low):
-        m = set_precision(copy.deepcopy(target.model), dt)
-        quality[dt] = evaluate(m, batches, "cpu")["val_loss"]
+        quality[dt] = evaluate(set_precision(copy.deepcopy(target), dt), batches, "cpu")["val_loss"]
     for dt in low:
         quality[f"{dt}_relative_change"] = quality[dt] / quality["fp32"] - 1
-    val = task.val_ids.tolist()
-    prompts = [val[s:s + 200] for s in range(1000, 1000 + 8 * 9000, 9000)]  # 8 held-out code windows
-    code_twice = val[5000:5150] * 2  # the same code twice: lookup pays only if the target copies it
-    windows = most_repetitive_windows(val, 300, 4)  # held-out text where the most 8-grams recur
-    spec = {}
-    for dt in [d for d in ("fp32", "bf16") if d in args.dtypes]:  # the same precision for plain and speculative
-        # Plain decoding is timed with the weights laid out for 1 row and for the verify pass's k+1 rows, and
-        # the faster counts: the speedup is over the best plain decode of the same target, not a handicapped one.
-        plain1 = set_precision(copy.deepcopy(target.model), dt)
-        dm = set_precision(copy.deepcopy(draft.model), "fp32")  # small matrices: fp32 is the faster path
-        for k in (3, 4, 5, 6):
-            tk = set_precision(copy.deepcopy(target.model), dt, rows=k + 1)
-            spec[f"{dt}_draft_k{k}"] = _spec_runs([plain1, tk], tk, prompts, args.spec_tokens, dict(k=k, draft=dm))
-        for lo, hi in ((2, 4), (3, 8)):
-            for k in (4, 8):
-                tk = set_precision(copy.deepcopy(target.model), dt, rows=k + 1)
-                how = dict(k=k, prompt_lookup=True, lookup_ngram=(lo, hi))
-                spec[f"{dt}_lookup_ngram{lo}-{hi}_k{k}_repetitive"] = _spec_runs(
-                    [plain1, tk], tk, [val[s:s + 300] for s in windows], args.spec_tokens, how)
-                spec[f"{dt}_lookup_ngram{lo}-{hi}_k{k}_code_twice"] = _spec_runs(
-                    [plain1, tk], tk, [code_twice], args.spec_tokens, how, rounds=2)
-    # How much of the target's greedy output after the code-twice prompt copies the code's next bytes.
-    plain_out = generate(plain1, code_twice, args.spec_tokens).tokens
-    copy_rate = sum(a == b for a, b in zip(plain_out, val[5000:5150] * 2)) / len(plain_out)
-    # The targets count fp32 runs only: there greedy output must be (and is checked to be) identical; in bf16
-    # a near-tie can flip between the verify pass and a decode step (reported, not counted).
-    exact = {name: v for name, v in spec.items() if name.startswith("fp32_") and v["identical_greedy_output"]}
-    best_draft = max(((v["speedup"], name) for name, v in exact.items() if "_draft_" in name), default=(0.0, None))
-    best_lookup = max(((v["speedup"], name) for name, v in exact.items() if name.endswith("_repetitive")),
-                      default=(0.0, None))
-    return {"target_params": n_target, "draft_params": n_draft, "held_out_loss": quality, "speculative": spec,
-            "best_draft": best_draft[1], "best_lookup": best_lookup[1],
-            "repetitive_windows": {"starts_in_held_out_split": windows, "tokens": 300,
-                                   "share_of_8grams_seen_before": [repeat_share(val[s:s + 300]) for s in windows]},
-            "code_twice_output_copies_the_code": copy_rate,
+    spec = speculative_section(target, draft, task.val_ids.tolist(), [d for d in ("fp32", "bf16") if d in args.dtypes],
+                               args.spec_tokens, 1 if args.quick else 4, args.spec_rounds)
+    fp32 = spec["fp32"]
+    return {"models": origin, "target_params": n_target, "draft_params": n_draft, "held_out_loss": quality, **spec,
             "targets": {**{f"{dt}_loss_change_le_1pct": abs(quality[f"{dt}_relative_change"]) <= 0.01 for dt in low},
-                        "speculative_draft_ge_1.5x": best_draft[0] >= 1.5,
-                        "prompt_lookup_ge_1.5x": best_lookup[0] >= 1.5,
-                        "fp32_greedy_output_identical": all(v["identical_greedy_output"] for name, v in spec.items()
-                                                            if name.startswith("fp32_"))},
-            "bf16_runs_with_identical_output": sum(v["identical_greedy_output"] for name, v in spec.items()
-                                                   if name.startswith("bf16_"))}
+                        "speculative_draft_ge_1.5x_held_out": fp32["draft"]["held_out"]["speedup"] >= 1.5,
+                        "prompt_lookup_ge_1.5x_held_out": fp32["lookup"]["held_out"]["speedup"] >= 1.5,
+                        "fp32_greedy_output_identical": spec["fp32_greedy_output_identical"]}}
+
+
+def _tiny_pair(**kw):
+    from attnlab.config import ModelConfig
+    from attnlab.models import build_model
+
+    torch.manual_seed(len(kw))
+    return build_model(ModelConfig(**{**dict(vocab_size=256, dim=64, n_layers=2, n_heads=4, max_seq_len=1024), **kw}))
+
+
+def speculative_section(target, draft, val: list[int], dtypes: list[str], n: int, n_prompts: int, rounds: int) -> dict:
+    """Tune each method's setting on tuning prompts, then measure the chosen one on held-out prompts.
+
+    Draft model: 200-token windows of the held-out split, alternately tuning and held-out. Prompt lookup:
+    the 2 * n_prompts most repetitive 300-token windows (chosen from the text alone), alternately tuning and
+    held-out; plus, with the chosen setting only, the same code twice (pays only if the target copies it)."""
+    starts = list(range(1000, 1000 + 2 * n_prompts * 4500, 4500))
+    if starts[-1] + 200 > len(val):
+        raise ValueError(f"the held-out split has {len(val)} tokens; {2 * n_prompts} prompts need {starts[-1] + 200}")
+    windows = most_repetitive_windows(val, 300, 2 * n_prompts)
+    sets = {"draft": {"tuning": [val[s:s + 200] for s in starts[0::2]],
+                      "held_out": [val[s:s + 200] for s in starts[1::2]]},
+            "lookup": {"tuning": [val[s:s + 300] for s in windows[0::2]],
+                       "held_out": [val[s:s + 300] for s in windows[1::2]]}}
+    code_twice = val[5000:5150] * 2
+    out: dict = {"prompts": {"draft": {"tokens": 200, "tuning_starts": starts[0::2], "held_out_starts": starts[1::2]},
+                             "lookup": {"tokens": 300, "tuning_starts": windows[0::2],
+                                        "held_out_starts": windows[1::2],
+                                        "share_of_8grams_seen_before": [repeat_share(val[s:s + 300]) for s in windows]},
+                             "code_twice": "held-out split [5000:5150] twice"},
+                 "speculative_tokens": n, "held_out_rounds": rounds}
+    for dt in dtypes:  # the same precision for plain and speculative decoding
+        plain1 = set_precision(copy.deepcopy(target), dt)  # weights laid out for 1 row: plain decoding
+        layouts: dict[int, torch.nn.Module] = {}  # and for a verify pass's k+1 rows; the faster plain counts
+
+        def verify(k: int, dt=dt, layouts=layouts):
+            if k + 1 not in layouts:
+                layouts[k + 1] = set_precision(copy.deepcopy(target), dt, rows=k + 1)
+            return layouts[k + 1]
+        dm = set_precision(copy.deepcopy(draft), "fp32")  # small matrices: fp32 is the faster path
+        settings = {"draft": {f"k{k}": dict(k=k, draft=dm) for k in DRAFT_KS},
+                    "lookup": {f"ngram{lo}-{hi}_k{k}": dict(k=k, prompt_lookup=True, lookup_ngram=(lo, hi))
+                               for (lo, hi), k in LOOKUP}}
+        out[dt] = {}
+        for method, options in settings.items():
+            run = lambda how, prompts, r=1: _measure([plain1, verify(how["k"])], verify(how["k"]), prompts, n, how, r)
+            tuning = {name: run(how, sets[method]["tuning"]) for name, how in options.items()}
+            # In fp32 greedy output must equal plain greedy decoding's; in bf16 a near-tie can flip (reported).
+            eligible = [name for name, v in tuning.items() if dt != "fp32" or v["identical_greedy_output"]]
+            chosen = max(eligible or tuning, key=lambda name: tuning[name]["speedup"])
+            entry = out[dt][method] = {"tuning": tuning, "chosen": chosen,
+                                       "held_out": run(options[chosen], sets[method]["held_out"], rounds)}
+            if method == "lookup":
+                entry["held_out_code_twice"] = run(options[chosen], [code_twice], rounds)
+    plain_out = generate(set_precision(copy.deepcopy(target), "fp32"), code_twice, n).tokens
+    out["code_twice_output_copies_the_code"] = sum(a == b for a, b in zip(plain_out, val[5000:5150] * 2)) / len(plain_out)
+    fp32_runs = [v for m in out["fp32"].values()
+                 for v in (*m["tuning"].values(), m["held_out"], m.get("held_out_code_twice")) if v]
+    out["fp32_greedy_output_identical"] = all(v["identical_greedy_output"] for v in fp32_runs)
+    out["summary"] = {dt: {m: {"chosen": e["chosen"], "tuning_speedup": e["tuning"][e["chosen"]]["speedup"],
+                               "held_out_speedup": e["held_out"]["speedup_rounds"],
+                               "held_out_acceptance": e["held_out"]["acceptance"]}
+                           for m, e in out[dt].items()} for dt in dtypes}
+    return out
+
+
+def _measure(plain_models, target, prompts, n: int, how: dict, rounds: int = 1) -> dict:
+    """Plain greedy decoding (each of plain_models: the same weights in different layouts) and speculative
+    decoding of `target`, every call timed by the benchmark's wall clock; each path warmed up on the first
+    prompt first; the order reversed on every other prompt. Per round, speedup = the faster layout's plain
+    total / the speculative total; acceptance = accepted / proposed drafts."""
+    paths = [lambda p, m=m: generate(m, p, n) for m in plain_models]
+    paths.append(lambda p: speculative_generate(target, p, n, **how))
+    for f in paths:  # warm-up, untimed
+        f(prompts[0])
+    spent = [[0.0] * rounds for _ in paths]  # seconds, per path and round
+    accepted = proposed = 0
+    same = True
+    for r in range(rounds):
+        for i, p in enumerate(prompts):
+            outs = {}
+            for j in round_order(range(len(paths)), r + i):
+                dt, outs[j] = timed_call(lambda: paths[j](p))
+                spent[j][r] += dt
+            b = outs[len(paths) - 1]
+            accepted += round(b.stats.accepted * b.stats.proposed)
+            proposed += b.stats.proposed
+            same &= all(outs[j].tokens == b.tokens for j in range(len(paths) - 1))
+    best = min(range(len(plain_models)), key=lambda j: sum(spent[j]))
+    tokens = n * len(prompts)
+    speedups = _ratios(spent[best], spent[-1])
+    return {"speedup": speedups["median"], "speedup_rounds": speedups, "acceptance": accepted / max(1, proposed),
+            "plain_ms_per_token": 1e3 * statistics.median(spent[best]) / tokens,
+            "plain_ms_per_token_by_layout": {f"rows{getattr(m, 'rows', 1)}": 1e3 * statistics.median(s) / tokens
+                                             for m, s in zip(plain_models, spent)},
+            "speculative_ms_per_token": 1e3 * statistics.median(spent[-1]) / tokens,
+            "identical_greedy_output": same, "prompts": len(prompts), "rounds": rounds}
 
 
 def repeat_share(tokens: list[int], n: int = 8) -> float:
@@ -198,8 +323,8 @@ def repeat_share(tokens: list[int], n: int = 8) -> float:
 
 
 def most_repetitive_windows(ids: list[int], length: int, count: int, stride: int = 50) -> list[int]:
-    """Starts of the `count` non-overlapping windows with the highest repeat_share (chosen from the text
-    alone, before any model sees it)."""
+    """Starts of the `count` non-overlapping windows with the highest repeat_share, in that order (chosen from
+    the text alone, before any model sees it)."""
     ranked = sorted(range(0, len(ids) - length, stride), key=lambda s: -repeat_share(ids[s:s + length]))
     picked: list[int] = []
     for s in ranked:
@@ -210,46 +335,24 @@ def most_repetitive_windows(ids: list[int], length: int, count: int, stride: int
     return picked
 
 
-def _spec_runs(plain_models, target, prompts, n: int, how: dict, rounds: int = 1) -> dict:
-    """Plain greedy decode (each of plain_models: the same weights in different layouts) and speculative decode
-    of `target`, interleaved per prompt; speedup = the faster plain total / the speculative total;
-    acceptance = accepted / proposed drafts."""
-    from attnlab.engine.speculative import speculative_generate
-
-    plain_s, spec_s, accepted, proposed, same = [0.0] * len(plain_models), 0.0, 0, 0, True
-    for _ in range(rounds):
-        for p in prompts:
-            for j, m in enumerate(plain_models):
-                a = generate(m, p, n)
-                plain_s[j] += a.stats.total_s
-            b = speculative_generate(target, p, n, **how)
-            spec_s += b.stats.total_s
-            accepted += round(b.stats.accepted * b.stats.proposed)
-            proposed += b.stats.proposed
-            same &= a.tokens == b.tokens
-    tokens = n * len(prompts) * rounds
-    return {"speedup": min(plain_s) / spec_s, "acceptance": accepted / max(1, proposed),
-            "plain_ms_per_token": 1e3 * min(plain_s) / tokens,
-            "plain_ms_per_token_by_layout": {f"rows{getattr(m, 'rows', 1)}": 1e3 * t / tokens
-                                             for m, t in zip(plain_models, plain_s)},
-            "speculative_ms_per_token": 1e3 * spec_s / tokens,
-            "identical_greedy_output": same}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=6, help="GPT-2 rounds (rounded up to even)")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--spec-tokens", type=int, default=96)
+    ap.add_argument("--spec-rounds", type=int, default=3, help="rounds of the held-out speculative measurement")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--target", default="benchmarks/cache/spec-target")
     ap.add_argument("--draft", default="benchmarks/cache/spec-draft")
     ap.add_argument("--skip-trained", action="store_true")
     ap.add_argument("--skip-gpt2", action="store_true", help="only the trained-model section (quality, speculative)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: tiny models, 2 rounds, few tokens")
     ap.add_argument("--dtypes", help="comma-separated, from fp32,bf16,int8 (default: those native here, "
                                      "attnlab.runtime.fast_dtypes)")
     ap.add_argument("--out", default="benchmarks/results/decode_vs_hf.json")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.new_tokens, args.spec_tokens, args.spec_rounds = 2, 4, 16, 2
     set_threads(args.threads)
     if args.dtypes:
         args.dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
@@ -258,8 +361,9 @@ def main() -> None:
     else:
         args.dtypes = list(fast_dtypes("cpu"))
     args.dtypes = ["fp32"] + [d for d in args.dtypes if d != "fp32"]  # fp32 is every comparison's reference
-    out = {"benchmark": "decode_vs_hf", "context": context(), "batch": 1, "prompt_tokens": 512,
-           "new_tokens": args.new_tokens, "dtypes": args.dtypes}
+    out = {"benchmark": "decode_vs_hf", "context": context(), "quick": args.quick, "batch": 1,
+           "new_tokens": args.new_tokens, "dtypes": args.dtypes,
+           "clock": "time.perf_counter() read by the benchmark around each whole call, on every side"}
     skipped = [dt for dt in ("bf16", "int8") if dt not in args.dtypes]
     if skipped:
         out["skipped_dtypes"] = {dt: "bf16 is emulated on this CPU (no avx512_bf16 or AMX), ~100x slower than fp32"
@@ -270,28 +374,23 @@ def main() -> None:
         g = out["gpt2_small"] = gpt2_section(args, peak0, bw0)
         peak1, bw1 = matmul_peak_flops(), memory_bandwidth()
         out["calibration"] = {"matmul_peak_flops": [peak0, peak1], "bandwidth_bytes_per_s": [bw0, bw1]}
-        print(f"decode tok/s: HF fp32 {g['decode_hf_fp32']['tok_per_s']:.1f} | attnlab fp32 "
-              f"{g['decode_fp32']['tok_per_s']:.1f} ({g['decode_fp32']['speedup_vs_hf_fp32']:.2f}x)"
-              + "".join(f", {dt} {g[f'decode_{dt}']['speedup_vs_hf_fp32']:.2f}x" for dt in ("bf16", "int8")
-                        if f"decode_{dt}" in g))
-        print(f"ttft 512: {g['ttft_512']['attnlab_s']:.3f} s vs HF {g['ttft_512']['hf_s']:.3f} s; 1024: "
-              f"{g['ttft_1024']['attnlab_s']:.3f} vs {g['ttft_1024']['hf_s']:.3f}")
+        for dt in args.dtypes:
+            d, t5 = g[f"decode_{dt}"], g["ttft_512"]
+            ttft = t5["ratio_attnlab_over_hf"] if dt == "fp32" else t5["by_dtype"][dt]["ratio"]["median"]
+            print(f"attnlab {dt}: {d['tpot_ms']:.1f} ms/token, {d['speedup_vs_hf_fp32']:.2f}x HF fp32 "
+                  + "".join(f"({d[k]:.2f}x HF bf16) " for k in ["speedup_vs_hf_bf16"] if k in d)
+                  + f"| TTFT 512 {ttft:.2f}x HF")
         print("targets:", g["targets"])
     if not args.skip_trained:
         t = out["trained"] = trained_section(args)
-        for name, v in t.get("speculative", {}).items():
-            print(f"{name}: speedup {v['speedup']:.2f}x, acceptance {v['acceptance']:.2f}, "
-                  f"identical {v['identical_greedy_output']}")
-        print("targets:", t.get("targets", t))
+        print(json.dumps(t.get("summary", t), indent=1))
+        print("targets:", t.get("targets"))
     _keep_skipped_sections(args.out, out)
     write_json(args.out, out)
 
 
 def _keep_skipped_sections(path: str, out: dict) -> None:
     """A run that skips a section keeps that section from the file's previous run, marked with its date."""
-    import json
-    from pathlib import Path
-
     old_path = Path(path)
     if not old_path.exists():
         return

@@ -115,7 +115,8 @@ def test_bench_attention_warms_up_once_then_times_the_repeats(monkeypatch):
     sdpa = KERNELS["sdpa"]
     monkeypatch.setitem(KERNELS, "sdpa", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
     row = bench._run_one("sdpa", T=16, H=2, D=8, repeats=3, dtype="fp32")
-    assert len(calls) == 4 and row["status"] == "ok" and 0 < row["time_min_s"] <= row["time_s"]
+    assert len(calls) == 4 and row["status"] == "ok" and 0 < row["time_min_s"] <= row["time_s"] <= row["time_max_s"]
+    assert row["repeats"] == 3
     monkeypatch.undo()
     rows = bench.bench_attention(["sdpa"], [16], heads=2, head_dim=8, threads=1)  # one child process, default repeats
     assert rows[0]["status"] == "ok" and rows[0]["peak_bytes"] is not None
