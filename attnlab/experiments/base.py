@@ -158,18 +158,4 @@ def timing(fn, repeats: int = 5, warmup: int = 1, *, device) -> dict:
 
 def median_time(fn, repeats: int = 3, warmup: int = 1, *, device) -> float:
     """Median wall time of ``fn()``; on a GPU each call is synchronised, so the time is the work's, not the launch's."""
-    import statistics
-    import time
-
-    from attnlab.runtime import synchronize
-
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        synchronize(device)
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+    return timing(fn, repeats, warmup, device=device)["median_s"]
