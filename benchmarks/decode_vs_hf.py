@@ -110,6 +110,8 @@ def gpt2_section(args, peak: float, bandwidth: float) -> dict:
             t[f"{side}_ttft_short"].append(t1)
             t[f"{side}_tpot"].append((tn - t1) / (n - 1))
             t[f"{side}_ttft_long"].append(tl)
+        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{s} {1e3 * t[f'{s}_tpot'][-1]:.0f} ms/token" for s in sides),
+              flush=True)
     med = {k: statistics.median(v) for k, v in t.items()}
     nonembed = sum(p.numel() for name, p in base.named_parameters() if "tok_emb" not in name and "pos_enc" not in name)
     res = {"rounds": rounds, "order": "forward in even rounds, reversed in odd", "sides": list(sides),
@@ -259,7 +261,10 @@ def speculative_section(target, draft, val: list[int], dtypes: list[str], n: int
         out[dt] = {}
         for method, options in settings.items():
             run = lambda how, prompts, r=1: _measure([plain1, verify(how["k"])], verify(how["k"]), prompts, n, how, r)
-            tuning = {name: run(how, sets[method]["tuning"]) for name, how in options.items()}
+            tuning = {}
+            for name, how in options.items():
+                tuning[name] = run(how, sets[method]["tuning"])
+                print(f"tuning {dt} {method} {name}: {tuning[name]['speedup']:.2f}x", flush=True)
             # In fp32 greedy output must equal plain greedy decoding's; in bf16 a near-tie can flip (reported).
             eligible = [name for name, v in tuning.items() if dt != "fp32" or v["identical_greedy_output"]]
             chosen = max(eligible or tuning, key=lambda name: tuning[name]["speedup"])
@@ -267,6 +272,7 @@ def speculative_section(target, draft, val: list[int], dtypes: list[str], n: int
                                        "held_out": run(options[chosen], sets[method]["held_out"], rounds)}
             if method == "lookup":
                 entry["held_out_code_twice"] = run(options[chosen], [code_twice], rounds)
+            print(f"held-out {dt} {method} {chosen}: {entry['held_out']['speedup']:.2f}x", flush=True)
     plain_out = generate(set_precision(copy.deepcopy(target), "fp32"), code_twice, n).tokens
     out["code_twice_output_copies_the_code"] = sum(a == b for a, b in zip(plain_out, val[5000:5150] * 2)) / len(plain_out)
     fp32_runs = [v for m in out["fp32"].values()
