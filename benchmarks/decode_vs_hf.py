@@ -62,6 +62,14 @@ def prefill_flops(n_params_nonembed: int, n_layers: int, dim: int, vocab: int, T
     return 2 * n_params_nonembed * T + 2 * n_layers * T * T * dim + 2 * dim * vocab
 
 
+def decode_bytes_per_token(model) -> int:
+    """Weight bytes one decode step reads: all of them, less the embedding table (one row per token), unless the
+    table is also the LM head (tied), which is read whole every token."""
+    table = model.tok_emb.weight
+    head = {t.data_ptr() for t in [*model.head.parameters(), *model.head.buffers()]}
+    return weight_bytes(model) - (0 if table.data_ptr() in head else table.numel() * table.element_size())
+
+
 def _ratios(a: list[float], b: list[float]) -> dict:
     """Per-round a/b (both timed in the same round): median, min, max."""
     return summarize([x / y for x, y in zip(a, b)])
@@ -120,8 +128,7 @@ def gpt2_section(args, peak: float, bandwidth: float) -> dict:
     hf_tpot = t["hf_fp32_tpot"]
     for dt in ("fp32", *low):
         ours = t[f"attnlab_{dt}_tpot"]
-        per_token_bytes = weight_bytes(models[dt]) - cfg.vocab_size * cfg.dim * (4 if dt == "fp32" else 2)  # the
-        # embedding table is read one row per token, not whole
+        per_token_bytes = decode_bytes_per_token(models[dt])
         bound = per_token_bytes / bandwidth
         d = res[f"decode_{dt}"] = {
             "tpot_ms": med[f"attnlab_{dt}_tpot"] * 1e3, "tpot_ms_min": 1e3 * min(ours), "tpot_ms_max": 1e3 * max(ours),
