@@ -179,3 +179,35 @@ def test_decide_reads_measurements_back_from_json():
         assert mod.decide(json.loads(json.dumps(m))).verdict == mod.decide(m).verdict
     m14 = {"fillers": [0, 16], "pairs": 4, "probes": {0: [_probe(0.99, 0.9)], 16: [_probe(0.8, 0.5)]}}
     assert e14.decide(json.loads(json.dumps(m14))).verdict == SUPPORTED
+
+
+def test_runs_side_by_side_in_workers_equal_runs_in_this_process(monkeypatch):
+    """The sweep's worker processes (one thread each) train exactly what one thread trains here."""
+    from dataclasses import replace
+    monkeypatch.setitem(recall.SETUPS, "quick", replace(recall.SETUPS["quick"], steps=8, lrs=(1e-3, 3e-3)))
+    monkeypatch.setattr(recall, "_CACHE", {})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        recall.prefetch(["transformer", "ssm"], "quick", "cpu", workers=1)
+        here = {k: v for k, v in recall._CACHE.items()}
+        recall._CACHE.clear()
+        recall.prefetch(["transformer", "ssm"], "quick", "cpu", workers=2)
+    finally:
+        torch.set_num_threads(threads)
+    for key, got in recall._CACHE.items():
+        assert got["lr_sweep"] == here[key]["lr_sweep"] and got["best_lr"] == here[key]["best_lr"]
+        for a, b in zip(got["models"], here[key]["models"]):
+            for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+                assert torch.equal(x, y), name
+
+
+def test_ssm_starts_with_mambas_step_sizes():
+    """Delta = softplus(bias) starts in [1e-3, 1e-1]: with a zero bias (0.69) the state forgot within a token."""
+    import torch.nn.functional as F
+    from attnlab.config import ModelConfig
+    from attnlab.models import build_model
+    model = build_model(ModelConfig(family="ssm", pos="none", dim=32, n_layers=2, vocab_size=64, init_std=0.07), "cpu")
+    for block in model.backbone.blocks:
+        dt = F.softplus(block.attn.dt_up.bias.detach())
+        assert 0.9e-3 <= float(dt.min()) and float(dt.max()) <= 0.11

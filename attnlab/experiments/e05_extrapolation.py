@@ -8,6 +8,7 @@ import torch
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.tasks import make_task
 from attnlab.experiments.base import Decision, Outcome, Plot, Series, compare, mean, spread, verdict
+from attnlab.experiments.workers import map_runs, workers_for
 from attnlab.models import build_model
 from attnlab.models.positional import Rope
 from attnlab.train import evaluate, train_in_memory
@@ -46,10 +47,34 @@ COMPARED = ("rope", "sinusoidal")  # trained on every seed; the other encodings 
 TRAINED = {"quick": ("sinusoidal", "rope", "alibi"), "full": ENCODINGS}  # on the first seed
 
 
+def _model_cfg(pos: str, L: int) -> ModelConfig:
+    return ModelConfig(dim=96, n_layers=3, n_heads=4, pos=pos, max_seq_len=L)
+
+
 def _train(pos, task, cfg_t, L, device, seed):
     torch.manual_seed(seed)  # the seed sets the initialisation; the task's seed sets the data order
-    return train_in_memory(build_model(ModelConfig(dim=96, n_layers=3, n_heads=4, pos=pos, max_seq_len=L), device),
+    return train_in_memory(build_model(_model_cfg(pos, L), device),
                            lambda step: tuple(t.to(device) for t in task.batch(step)), cfg_t)
+
+
+def _train_job(pos: str, cfg_t: TrainConfig, L: int, seed: int) -> dict:
+    """One run on the CPU, as a worker process runs it (see workers.py): the weights as plain tensors."""
+    model = _train(pos, make_task(cfg_t), cfg_t, L, "cpu", seed)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _trained(jobs: list, cfg_of, L: int, device: str) -> list:
+    """Models for [(pos, seed)], side by side in worker processes on the CPU, else one after another here."""
+    workers = workers_for(device)
+    if workers <= 1:
+        return [_train(pos, make_task(cfg_of(seed)), cfg_of(seed), L, device, seed) for pos, seed in jobs]
+    models = []
+    for (pos, _), weights in zip(jobs, map_runs(_train_job, [(pos, cfg_of(seed), L, seed) for pos, seed in jobs],
+                                                workers)):
+        model = build_model(_model_cfg(pos, L), device)
+        model.load_state_dict(weights)
+        models.append(model.eval())
+    return models
 
 
 def _scaled(model, kind, factor, device):
@@ -70,20 +95,19 @@ def measure(scale: str, device: str) -> dict:
     evals = {m: task.eval_batches(L * m) for m in MULTS}  # the same held-out windows for every seed
     ppl_of = lambda model, m: math.exp(evaluate(model, evals[m], device)["val_loss"])
     seeds = SEEDS[scale]
+    cfg_of = lambda seed: cfg_t if seed == seeds[0] else dataclasses.replace(cfg_t, seed=seed)
+    jobs = [(pos, seed) for seed in seeds for pos in (TRAINED[scale] if seed == seeds[0] else COMPARED)]
     ppl, by_seed = {}, {pos: [] for pos in COMPARED}
-    for seed in seeds:
-        task_s = task if seed == seeds[0] else make_task(dataclasses.replace(cfg_t, seed=seed))
-        for pos in (TRAINED[scale] if seed == seeds[0] else COMPARED):
-            model = _train(pos, task_s, cfg_t, L, device, seed)
-            p = [ppl_of(model, m) if (pos != "learned" or m == 1) else None for m in MULTS]
-            if pos in COMPARED:
-                by_seed[pos].append(p[2] / p[0])
-            if seed != seeds[0]:
-                continue
-            ppl[pos] = p
-            if pos == "rope":
-                for kind in ("linear", "ntk"):
-                    ppl[f"rope+{kind}"] = [ppl_of(_scaled(model, kind, m, device) if m > 1 else model, m) for m in MULTS]
+    for (pos, seed), model in zip(jobs, _trained(jobs, cfg_of, L, device)):
+        p = [ppl_of(model, m) if (pos != "learned" or m == 1) else None for m in MULTS]
+        if pos in COMPARED:
+            by_seed[pos].append(p[2] / p[0])
+        if seed != seeds[0]:
+            continue
+        ppl[pos] = p
+        if pos == "rope":
+            for kind in ("linear", "ntk"):
+                ppl[f"rope+{kind}"] = [ppl_of(_scaled(model, kind, m, device) if m > 1 else model, m) for m in MULTS]
     ratio = {k: v[2] / v[0] for k, v in ppl.items() if v[2] is not None}
     return {"train_len": L, "steps": steps, "seeds": list(seeds), "ppl": ppl, "ratio_4L": ratio,
             "ratio_4L_by_seed": by_seed}

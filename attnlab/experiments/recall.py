@@ -24,6 +24,7 @@ import torch
 
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.synthetic import IGNORE, recall_batch
+from attnlab.experiments.workers import map_runs, workers_for
 from attnlab.models import build_model
 from attnlab.train import lm_loss, lr_at, make_optimizer
 
@@ -131,27 +132,54 @@ def accuracy(model, setup: Setup, pairs: int, seed: int, device: str, n: int | N
     return {"acc": acc(mask), "near": acc(near), "far": acc(far)}
 
 
+def _train_job(name: str, setup: Setup, lr: float, seed: int) -> dict:
+    """One training run on the CPU, as a worker runs it: the weights come back as plain tensors."""
+    model = train(matched_config(name, setup), setup, lr, seed, "cpu")
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _run_jobs(jobs: list, setup: Setup, device: str, workers: int) -> dict:
+    """{(name, lr, seed): trained model}, side by side in ``workers`` processes on the CPU (see workers.py)."""
+    if workers <= 1 or torch.device(device).type != "cpu":
+        return {j: train(matched_config(j[0], setup), setup, j[1], j[2], device) for j in jobs}
+    out = {}
+    for j, weights in zip(jobs, map_runs(_train_job, [(n, setup, lr, seed) for n, lr, seed in jobs], workers)):
+        model = build_model(matched_config(j[0], setup), device)
+        model.load_state_dict(weights)
+        out[j] = model.eval()
+    return out
+
+
+def prefetch(names, scale: str, device: str, workers: int | None = None) -> None:
+    """Train every family of ``names`` not yet cached: the learning-rate sweep of all of them first, then the
+    extra seeds at each one's best rate, so independent runs can share the cores (see ``_run_jobs``)."""
+    setup = SETUPS[scale]
+    names = [n for n in dict.fromkeys(names) if (n, scale, str(device)) not in _CACHE]
+    if not names:
+        return
+    workers = workers or workers_for(device)
+    # Longest first (the recurrent-state families loop over T), so the last job to start is a short one.
+    order = sorted(names, key=lambda n: n not in ("ssm", "gru", "sliding", "linear"))
+    sweep = _run_jobs([(n, lr, 0) for n in order for lr in setup.lrs], setup, device, workers)
+    val, best = {}, {}
+    for n in names:
+        val[n] = {lr: sum(accuracy(sweep[(n, lr, 0)], setup, p, VALIDATION_SEED, device)["acc"]
+                          for p in setup.test_pairs) / len(setup.test_pairs) for lr in setup.lrs}
+        best[n] = max(setup.lrs, key=lambda lr: val[n][lr])
+    more = _run_jobs([(n, best[n], s) for n in order for s in range(1, setup.seeds)], setup, device, workers)
+    for n in names:
+        cfg = matched_config(n, setup)
+        seeds = [sweep[(n, best[n], 0)]] + [more[(n, best[n], s)] for s in range(1, setup.seeds)]
+        test = {p: [accuracy(m, setup, p, TEST_SEED, device) for m in seeds] for p in setup.test_pairs}
+        _CACHE[(n, scale, str(device))] = {"params": n_params(seeds[0]), "dim": cfg.dim, "lr_sweep": val[n],
+                                           "best_lr": best[n], "models": seeds, "test": test, "config": asdict(cfg)}
+
+
 def trained(name: str, scale: str, device: str) -> dict:
     """Sweep, pick, retrain on more seeds, test: {"params", "dim", "lr_sweep", "best_lr", "models", "test"}.
     test[pairs] = one accuracy dict per seed. Cached for the run, so claims share the same models."""
-    key = (name, scale, str(device))
-    if key in _CACHE:
-        return _CACHE[key]
-    setup = SETUPS[scale]
-    cfg = matched_config(name, setup)
-    val = {}
-    models = {}
-    for lr in setup.lrs:
-        models[lr] = train(cfg, setup, lr, 0, device)
-        val[lr] = sum(accuracy(models[lr], setup, p, VALIDATION_SEED, device)["acc"] for p in setup.test_pairs) / len(
-            setup.test_pairs)
-    best = max(setup.lrs, key=lambda lr: val[lr])
-    seeds = [models[best]] + [train(cfg, setup, best, s, device) for s in range(1, setup.seeds)]
-    test = {p: [accuracy(m, setup, p, TEST_SEED, device) for m in seeds] for p in setup.test_pairs}
-    out = {"params": n_params(seeds[0]), "dim": cfg.dim, "lr_sweep": val, "best_lr": best, "models": seeds,
-           "test": test, "config": asdict(cfg)}
-    _CACHE[key] = out
-    return out
+    prefetch([name], scale, device)
+    return _CACHE[(name, scale, str(device))]
 
 
 def by_int(d: dict) -> dict:

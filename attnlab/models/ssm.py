@@ -22,6 +22,9 @@ from torch import nn
 from attnlab.models.state import FixedState
 
 
+DT_RANGE = (1e-3, 1e-1)  # the initial step sizes Delta (Gu & Dao 2023, section 3.6 / their reference code)
+
+
 class SSMState(FixedState):
     """h (L, B, E, N): each layer's state, the same bytes at any context length."""
 
@@ -79,6 +82,12 @@ class SelectiveSSM(nn.Module):
         self.in_proj = nn.Linear(cfg.dim, 2 * E, bias=False)
         self.dt_down = nn.Linear(E, rank, bias=False)
         self.dt_up = nn.Linear(rank, E, bias=True)
+        # Mamba's step-size init: Delta starts log-uniform in [1e-3, 1e-1] per channel (the bias is softplus's
+        # inverse of it). With a zero bias Delta starts at softplus(0) = 0.69 and the state decays by
+        # exp(-0.69 n) a token: it forgot within a token or two and stayed at chance on recall.
+        dt = torch.exp(torch.empty(E).uniform_(math.log(DT_RANGE[0]), math.log(DT_RANGE[1])))
+        with torch.no_grad():
+            self.dt_up.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
         self.bc = nn.Linear(E, 2 * N, bias=False)
         self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1).float()).repeat(E, 1))  # S4D-real init
         self.D = nn.Parameter(torch.ones(E))
