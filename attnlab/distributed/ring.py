@@ -205,7 +205,9 @@ class RingState:
     def begin(self, tokens: torch.Tensor, lengths=None) -> torch.Tensor:
         if lengths is not None:
             raise ValueError("sequence parallelism takes whole rows: lengths is not supported")
-        return local_positions(self.seq_len, self.world, self.rank, tokens.device)
+        # padded positions (past the sequence's end) are clamped into it: their keys are masked and their
+        # queries dropped, and a learned position table has no rows beyond max_seq_len
+        return local_positions(self.seq_len, self.world, self.rank, tokens.device).clamp(max=self.seq_len - 1)
 
     def attention(self, layer: int, q, k, v, run):
         if getattr(run, "ordered", False):
