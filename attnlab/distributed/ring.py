@@ -87,9 +87,9 @@ def _pairs(rank_q: int, rank_k: int, world: int, c: int, T: int, causal: bool):
     return out
 
 
-def _attend(q5, kv, pairs, c, scale, out, lse):
+def _attend(q5, k, v, pairs, c, scale, out, lse):
     """Merge the partials of this rank's q chunks over one key/value block into (out, lse), in place."""
-    k5, v5 = kv[0][:, :, None], kv[1][:, :, None]  # (B, Hkv, 1, 2c, D)
+    k5, v5 = k[:, :, None], v[:, :, None]  # (B, Hkv, 1, 2c, D)
     B = q5.shape[0]
     qp = torch.arange(c, device=q5.device)[None]  # within a diagonal pair, query i sits at key position i
     for qi, ki, diag, real in pairs:
@@ -123,14 +123,14 @@ class _RingAttention(torch.autograd.Function):
         q5 = q.reshape(B, Hkv, H // Hkv, Tl, D)  # query heads grouped under their kv head (GQA without copies)
         out = torch.zeros(B, Hkv, H // Hkv, Tl, D, dtype=torch.float32, device=q.device)
         lse = torch.full((B, Hkv, H // Hkv, Tl), float("-inf"), device=q.device)
-        kv = torch.stack([k, v]).contiguous()  # (2, B, Hkv, Tl, D): one message per hop
+        kv = [k.contiguous(), v.contiguous()]  # the block in hand; the next one arrives while this one is used
         for step in range(world):
-            reqs, nxt = _start_shift([kv], group, world, rank) if step < world - 1 else ([], [None])
+            reqs, nxt = _start_shift(kv, group, world, rank) if step < world - 1 else ([], None)
             src = (rank - step) % world
-            _attend(q5, kv, _pairs(rank, src, world, c, T, causal), c, scale, out, lse)
+            _attend(q5, kv[0], kv[1], _pairs(rank, src, world, c, T, causal), c, scale, out, lse)
             _wait(reqs)
-            kv = nxt[0]
-        out = out.to(q.dtype)
+            kv = nxt
+        out = out.to(q.dtype)  # no copy in fp32
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (group, causal, scale, T)
         return out.reshape(B, H, Tl, D)
@@ -146,8 +146,8 @@ class _RingAttention(torch.autograd.Function):
         q5 = q.reshape(B, Hkv, H // Hkv, Tl, D)
         do5 = dout.reshape(q5.shape).contiguous()
         dq = torch.zeros_like(q5, dtype=torch.float32)
-        kv = torch.stack([k, v]).contiguous()
-        dkv = torch.zeros_like(kv, dtype=torch.float32)  # gradients of the block in hand, travelling with it
+        kv = [k.contiguous(), v.contiguous()]
+        dkv = [torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)]  # travel with it
         qp = torch.arange(c, device=q.device)[None]
         for step in range(world):
             src = (rank - step) % world
@@ -161,14 +161,11 @@ class _RingAttention(torch.autograd.Function):
                 dkv[0][..., ks, :] += g_k[:, :, 0]
                 dkv[1][..., ks, :] += g_v[:, :, 0]
             # pass the block and its gradients on; after `world` hops the gradients are home again
-            bufs = [dkv] if step == world - 1 else [kv, dkv]
+            bufs = dkv if step == world - 1 else kv + dkv
             if world > 1:
                 reqs, recv = _start_shift(bufs, group, world, rank)
                 _wait(reqs)
-                if step < world - 1:
-                    kv, dkv = recv
-                else:
-                    dkv = recv[0]
+                kv, dkv = (kv, recv) if step == world - 1 else (recv[:2], recv[2:])
         return (dq.to(q.dtype).reshape(B, H, Tl, D), dkv[0].to(k.dtype), dkv[1].to(v.dtype),
                 None, None, None, None)
 
