@@ -38,7 +38,9 @@ def _ring_worker(rank, world, cases):
         q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
         ref = naive_attention(q, k, v, causal=causal, alibi_slopes=None, scale=D ** -0.5)
         ref.backward(do)
-        ql, kl, vl = (ring.shard_sequence(t.detach(), world, rank, dim=2).requires_grad_() for t in (q, k, v))
+        # (B, T, H, D) storage seen as (B, H, T, D), as the model's projections hand them over: not contiguous
+        ql, kl, vl = (ring.shard_sequence(t.detach(), world, rank, dim=2).transpose(1, 2).contiguous().transpose(1, 2)
+                      .requires_grad_() for t in (q, k, v))
         o = ring.ring_attention(ql, kl, vl, causal=causal, scale=D ** -0.5, seq_len=T)
         o.backward(ring.shard_sequence(do, world, rank, dim=2))
         full = ring.gather_sequence(o.detach(), T, world, dim=2)

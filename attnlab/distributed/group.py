@@ -109,12 +109,12 @@ def fresh_store_path() -> str:
 
 
 # ---- running a function on P local ranks (tests, experiments, benchmarks) ----------------------------------
-def _rank_main(fn, rank, world, store, queue, timeout_s, threads, args):
+def _rank_main(fn, rank, world, store, queue, timeout_s, threads, device, args):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), **{STORE_ENV: store})
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
     try:
-        init_distributed("cpu", timeout_s)
+        init_distributed(device, timeout_s)
         result = fn(rank, world, *args)
         queue.put((rank, "ok", result))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises
@@ -124,8 +124,9 @@ def _rank_main(fn, rank, world, store, queue, timeout_s, threads, args):
         destroy()
 
 
-def run_local(fn, world: int, *args, timeout_s: float = 120.0, threads: int = 1) -> list:
-    """Run ``fn(rank, world, *args)`` in ``world`` fresh processes joined by gloo; return their results by rank.
+def run_local(fn, world: int, *args, timeout_s: float = 120.0, threads: int = 1, device: str = "cpu") -> list:
+    """Run ``fn(rank, world, *args)`` in ``world`` fresh processes joined by gloo (NCCL with ``device`` 'cuda',
+    one GPU per rank); return their results by rank.
 
     ``fn`` must be importable (a module-level function). A rank that raises, dies or runs past ``timeout_s``
     stops every rank and raises DistributedError naming it and the cause; no process is left behind."""
@@ -137,7 +138,8 @@ def run_local(fn, world: int, *args, timeout_s: float = 120.0, threads: int = 1)
     ctx = mp.get_context("spawn")
     store = fresh_store_path()
     q = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, world, store, q, timeout_s, threads, args), daemon=True)
+    procs = [ctx.Process(target=_rank_main, args=(fn, r, world, store, q, timeout_s, threads, device, args),
+                         daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()

@@ -102,7 +102,7 @@ def _attend(q5, k, v, pairs, c, scale, out, lse):
 def _start_shift(bufs, group, world, rank):
     """Send each buffer to the next rank and receive the previous rank's into fresh buffers (async)."""
     nxt, prv = (rank + 1) % world, (rank - 1) % world
-    recv = [torch.empty_like(b) for b in bufs]
+    recv = [torch.empty_like(b, memory_format=torch.contiguous_format) for b in bufs]
     ops = [dist.P2POp(dist.isend, b, dist.get_global_rank(group, nxt) if group else nxt, group) for b in bufs]
     ops += [dist.P2POp(dist.irecv, b, dist.get_global_rank(group, prv) if group else prv, group) for b in recv]
     return dist.batch_isend_irecv(ops), recv
@@ -147,7 +147,7 @@ class _RingAttention(torch.autograd.Function):
         do5 = dout.reshape(q5.shape).contiguous()
         dq = torch.zeros_like(q5, dtype=torch.float32)
         kv = [k.contiguous(), v.contiguous()]
-        dkv = [torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)]  # travel with it
+        dkv = [torch.zeros_like(t, dtype=torch.float32) for t in kv]  # contiguous like kv; travels with its block
         qp = torch.arange(c, device=q.device)[None]
         for step in range(world):
             src = (rank - step) % world
