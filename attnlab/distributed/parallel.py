@@ -85,7 +85,11 @@ def parallelize(model: torch.nn.Module, ctx: DistContext, cfg: ParallelConfig) -
 
     ids = [torch.device(ctx.device).index] if ctx.device.startswith("cuda") else None
     # the model's buffers (rotary tables) are the same on every rank by construction: no per-step sync
-    return DDP(model, device_ids=ids, forward_sync_buffers=False)
+    # (torch 2.13 renamed broadcast_buffers to forward_sync_buffers; older torch knows only the first)
+    import inspect
+
+    sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
+    return DDP(model, device_ids=ids, **{sync: False})
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
