@@ -16,8 +16,8 @@ which hold the whole weights and optimizer state, so a run resumes with any numb
 """
 from __future__ import annotations
 
-import dataclasses
 import contextlib
+import dataclasses
 import json
 import math
 import time
@@ -31,7 +31,8 @@ from attnlab.checkpoint import (CONFIG, MANIFEST, TRAINER, WEIGHTS, has_checkpoi
 from attnlab.config import ModelConfig, RunConfig, TrainConfig
 from attnlab.data.synthetic import IGNORE
 from attnlab.data.tasks import make_task
-from attnlab.distributed.parallel import Split, check, full_optimizer_state, full_weights, parallelize, place_like, unwrap
+from attnlab.distributed.parallel import (Split, check, full_optimizer_state, full_weights, parallelize, place_like,
+                                          unwrap)
 from attnlab.errors import CheckpointError, ConfigError, TrainingDiverged
 from attnlab.folder_lock import FolderLock
 from attnlab.models import build_model, count_params

@@ -186,7 +186,7 @@ def ddp_parity(world, device) -> dict:
             return [r["loss"] for r in map(json.loads, (Path(tmp) / f / "metrics.jsonl").read_text().splitlines())
                     if "loss" in r]
 
-        w1, w2 = load_file(str(Path(tmp) / "one" / "model.safetensors")), load_file(str(Path(tmp) / "two" / "model.safetensors"))
+        w1, w2 = (load_file(str(Path(tmp) / f / "model.safetensors")) for f in ("one", "two"))
         return {"steps": t.steps, "world_size": world,
                 "max_abs_loss_diff": max(abs(a - b) for a, b in zip(losses("one"), losses("two"))),
                 "max_abs_weight_diff": max(float((w1[k] - w2[k]).abs().max()) for k in w1)}
@@ -262,8 +262,9 @@ def main() -> None:
     print(f"training tok/s: {res['training']['tok_per_s']}; 2 procs / 2 threads speedup "
           f"{res['training']['speedup_2proc_over_2threads']['median']:.2f}x")
     if world > 1:
-        print(f"ring memory per rank at {world} ranks / 1 process: op {res['ring_attention']['memory_ratio']['op']:.2f}, "
-              f"transformer step {res['ring_attention']['memory_ratio']['transformer_step']:.2f} "
+        ratio = res["ring_attention"]["memory_ratio"]
+        print(f"ring memory per rank at {world} ranks / 1 process: op {ratio['op']:.2f}, "
+              f"transformer step {ratio['transformer_step']:.2f} "
               f"(target <= {TARGET_MEM_RATIO}); time {res['ring_attention']['time']}")
         print(f"parity: {res['parity']}")
     print(f"load average {load_before} -> {res['load_avg_after']}; results: {args.out}")

@@ -174,7 +174,8 @@ def _launch(tmp_path, *extra):
     args = [sys.executable, "-m", "attnlab", "train", "--preset", "tiny", "--data", str(data), "--steps", "100000",
             "--batch-size", "4", "--seq-len", "32", "--save-every", "1", "--eval-every", "100000", "--threads", "1",
             "--out", str(tmp_path / "run"), "--quiet", "--nproc", "2", *extra]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    root = str(Path(__file__).parents[1])  # this checkout first, whatever is installed
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -114,7 +114,8 @@ def fewest_devices(a: Arch, w: Workload, hw, link_intra, link_inter, mode: str, 
     lo, hi = best["devices"] // 2 + 1, best["devices"]  # doubling overshoots: search the last interval
     while lo < hi:
         mid = (lo + hi) // 2
-        res = estimate_devices(a, w, hw, link_intra, link_inter, sequence=mid, allow_beyond_context=allow_beyond_context)
+        res = estimate_devices(a, w, hw, link_intra, link_inter, sequence=mid,
+                               allow_beyond_context=allow_beyond_context)
         if res["fits"]:
             hi, best = mid, res
         else:

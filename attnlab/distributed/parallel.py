@@ -88,7 +88,8 @@ def parallelize(model: torch.nn.Module, ctx: DistContext, cfg: ParallelConfig) -
     # (torch 2.13 renamed broadcast_buffers to forward_sync_buffers; older torch knows only the first)
     import inspect
 
-    sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
+    new = "forward_sync_buffers" in inspect.signature(DDP).parameters
+    sync = "forward_sync_buffers" if new else "broadcast_buffers"
     return DDP(model, device_ids=ids, **{sync: False})
 
 

@@ -89,7 +89,8 @@ def _rank_work(rank: int, world: int, setup: dict) -> dict:
             attn_cpu_s.append(c1 - c0)
         q.grad = k.grad = v.grad = None
         del out
-    return {"lstm_s": lstm_s, "attn_s": attn_s, "attn_cpu_s": attn_cpu_s, "lstm_peak_bytes": lstm_mem, "attn_peak_bytes": _max_rss_bytes() - base}
+    return {"lstm_s": lstm_s, "attn_s": attn_s, "attn_cpu_s": attn_cpu_s, "lstm_peak_bytes": lstm_mem,
+            "attn_peak_bytes": _max_rss_bytes() - base}
 
 
 def _traced_depth() -> dict:
@@ -164,7 +165,8 @@ def run(scale: str, device: str) -> Outcome:
     rows = m["rows"]
     P = [r["processes"] for r in rows]
     table = [{"processes": r["processes"], "attention_s": mean(r["attn_s"]), "lstm_s": mean(r["lstm_s"]),
-              "attention_peak_MB": r["attn_peak_bytes"] / 1e6, "lstm_peak_MB": r["lstm_peak_bytes"] / 1e6} for r in rows]
+              "attention_peak_MB": r["attn_peak_bytes"] / 1e6, "lstm_peak_MB": r["lstm_peak_bytes"] / 1e6}
+             for r in rows]
     return Outcome.of(decide(m), m,
                       [Plot("Time at a fixed total length", "processes", "seconds",
                             [Series("ring attention fwd+bwd", P, [mean(r["attn_s"]) for r in rows]),
@@ -172,7 +174,8 @@ def run(scale: str, device: str) -> Outcome:
                        Plot("Peak memory per process", "processes", "MB",
                             [Series("ring attention", P, [r["attn_peak_bytes"] / 1e6 for r in rows])])],
                       table,
-                      [f"{m['cores']} CPU cores shared with other work (load average {m['load_avg'][0]:.1f}); one thread "
+                      [f"{m['cores']} CPU cores shared with other work (load average {m['load_avg'][0]:.1f}); "
+                       "one thread "
                        "per process, so 2 processes use 2 cores where 1 uses one: the comparison is per device.",
                        "Memory: max RSS of each fresh process above its own baseline after start-up (MEASURING.md).",
                        "The LSTM relay is the best a recurrence can do split in time: process p starts only when p-1 "
