@@ -1,7 +1,7 @@
 """Ring attention: exact attention over a sequence split across ranks (Liu et al. 2023, arXiv 2310.01889).
 
 Each rank keeps its own queries and passes key/value blocks around the ring; partial results over each
-block are merged with the flash kernel's log-sum-exp (``merge_attention``), so the result equals
+block are merged with the flash kernel's log-sum-exp (``merge_attention``'s formula, in place), so the result equals
 single-process attention, forward and backward. Memory per rank is O(T/P) for q, k, v and outputs plus
 one block in flight; the T x T scores never exist anywhere.
 
@@ -28,7 +28,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from attnlab.models.flash import merge_attention, tile_backward, tile_forward
+from attnlab.models.flash import tile_backward, tile_forward
 
 
 def padded_len(T: int, world: int) -> int:
@@ -96,7 +96,17 @@ def _attend(q5, k, v, pairs, c, scale, out, lse):
         qs, ks = slice(qi * c, (qi + 1) * c), slice(ki * c, (ki + 1) * c)
         kv_len = None if real is None else torch.full((B,), real, device=q5.device)
         o, l = tile_forward(q5[..., qs, :], k5[..., ks, :], v5[..., ks, :], qp, diag, None, None, scale, kv_len)
-        out[..., qs, :], lse[..., qs] = merge_attention(out[..., qs, :], lse[..., qs], o.float(), l)
+        _merge_into(out[..., qs, :], lse[..., qs], o, l)
+
+
+def _merge_into(out, lse, o, l):
+    """merge_attention (flash.py) written into (out, lse) in place: no chunk-sized temporaries beyond one.
+
+    out = out * e^(lse - lse') + o * e^(l - lse'), lse' = log(e^lse + e^l); a part with lse -inf adds nothing."""
+    new = torch.logaddexp(lse, l)
+    safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+    out.mul_(torch.exp(lse - safe)[..., None]).add_(o.float().mul_(torch.exp(l - safe)[..., None]))
+    lse.copy_(new)
 
 
 def _start_shift(bufs, group, world, rank):
