@@ -216,7 +216,6 @@ def test_killed_rank_stops_all_and_leaves_a_whole_checkpoint(tmp_path):
         verify(tmp_path / "run")
 
 
-@pytest.mark.slow
 def test_hung_rank_times_out_and_stops_all(tmp_path):
     """SIGSTOP freezes rank 1 mid-run: rank 0's next collective times out (--dist-timeout 5), the launcher stops all."""
     proc = _launch(tmp_path, "--dist-timeout", "5")
@@ -224,7 +223,7 @@ def test_hung_rank_times_out_and_stops_all(tmp_path):
     t0 = time.monotonic()
     os.kill(_rank_pid(ranks, 1), signal.SIGSTOP)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0 and time.monotonic() - t0 < 30, err[-2000:]
-    assert "rank 0 of 2 failed first" in err, err[-2000:]
+    assert proc.returncode != 0 and time.monotonic() - t0 < 20, err[-2000:]  # 5 s timeout + 5 s grace at most
+    assert "rank 0 of 2 failed first" in err and "still running then: ranks [1]" in err, err[-2000:]
     assert not any(Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
                    for pid in ranks)

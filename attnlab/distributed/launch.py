@@ -57,9 +57,10 @@ def launch(argv: list[str], nproc: int, grace_s: float = 5.0, threads: int | Non
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
                        LOCAL_WORLD_SIZE=str(nproc), OMP_NUM_THREADS=str(per_rank), **{STORE_ENV: store})
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-            p = subprocess.Popen([sys.executable, "-m", "attnlab", *argv], env=env, stderr=subprocess.PIPE,
-                                 stdout=None if rank == 0 else subprocess.DEVNULL, preexec_fn=_die_with_parent)
-            procs.append(p)
+            procs.append(subprocess.Popen([sys.executable, "-m", "attnlab", *argv], env=env, stderr=subprocess.PIPE,
+                                          stdout=None if rank == 0 else subprocess.DEVNULL,
+                                          preexec_fn=_die_with_parent))
+        for rank, p in enumerate(procs):  # threads only once every child is forked (preexec_fn and threads mix badly)
             t = threading.Thread(target=_pump, args=(p.stderr, rank, last, sys.stderr), daemon=True)
             t.start()
             pumps.append(t)
@@ -75,12 +76,14 @@ def launch(argv: list[str], nproc: int, grace_s: float = 5.0, threads: int | Non
         if failed is None:
             return 0
         code = procs[failed].returncode
+        alive = [r for r, p in enumerate(procs) if p.poll() is None]  # a hung rank is among these
         _stop(procs, grace_s)
         for t in pumps:
             t.join(1)
         others = [f"{r}: {describe_exit(p.returncode)}" for r, p in enumerate(procs) if r != failed]
         print(f"attnlab: rank {failed} of {nproc} failed first ({describe_exit(code)}): "
-              f"{last[failed] or 'no message'}; the other ranks were stopped ({'; '.join(others)})",
+              f"{last[failed] or 'no message'}; still running then: ranks {alive or 'none'}; the other ranks were "
+              f"stopped ({'; '.join(others)})",
               file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -96,6 +99,7 @@ def _stop(procs, grace_s: float) -> None:
     for p in procs:
         if p.poll() is None:
             p.terminate()
+            p.send_signal(signal.SIGCONT)  # a stopped (frozen) process acts on SIGTERM only once continued
     deadline = time.monotonic() + grace_s
     for p in procs:
         try:
