@@ -182,7 +182,8 @@ def _print_devices(multi: dict, hw) -> None:
                 print(f"  {mode:9s}: {line(r)}")
     if multi.get("prefill"):
         r = multi["prefill"]
-        print(f"prefill of {r['prompt_tokens']:,} tokens within {r['within_s']:g} s: {line(r)}")
+        beyond = " (beyond the model's context: priced anyway)" if r["beyond_context"] else ""
+        print(f"prefill of {r['prompt_tokens']:,} tokens{beyond} within {r['within_s']:g} s: {line(r)}")
     elif "prefill" in multi:
         print("prefill target: no layout up to 16k devices meets it")
 

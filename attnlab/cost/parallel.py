@@ -133,18 +133,21 @@ def _doubling(limit: int):
 def devices_to_prefill(a: Arch, tokens: int, within_s: float, hw, link_intra, link_inter, dtype: str = "bf16",
                        node_size: int = 8, limit: int = 1 << 14) -> dict | None:
     """Fewest devices that hold a ``tokens``-long prompt and prefill it within ``within_s``: tensor parallel
-    inside a node (the smallest t dividing n_heads, up to a node, whose weight share leaves half the memory free),
-    the sequence split across a ring of s such groups (ring attention). None if no s up to ``limit`` does."""
+    inside a node (the smallest t dividing n_heads, up to a node, whose weight share leaves half the memory free;
+    pipeline stages p when even a node's worth leaves less), the sequence split across a ring of s such groups
+    (ring attention), s doubling. None if no s up to ``limit`` does."""
+    import math
+
     w = Workload(tokens, 1, 1, dtype)
     weights = estimate(a, Workload(1, 1, 1, dtype), hw, allow_beyond_context=True)["weight_bytes"]
-    t = next((d for d in range(1, node_size + 1) if a.n_heads % d == 0 and weights / d <= hw.memory_bytes / 2), None)
-    if t is None:
-        return None
+    divisors = [d for d in range(1, node_size + 1) if a.n_heads % d == 0]
+    t = next((d for d in divisors if weights / d <= hw.memory_bytes / 2), divisors[-1])
+    p = min(a.n_layers, max(1, math.ceil(weights / t / (hw.memory_bytes / 2))))
     s = 1
     while s <= limit:
-        res = estimate_devices(a, w, hw, link_intra, link_inter, tensor=t, sequence=s, node_size=node_size,
+        res = estimate_devices(a, w, hw, link_intra, link_inter, tensor=t, sequence=s, pipeline=p, node_size=node_size,
                                allow_beyond_context=True)
         if res["fits"] and res["ttft_s"] <= within_s:
-            return {**res, "prompt_tokens": tokens, "within_s": within_s}
+            return {**res, "prompt_tokens": tokens, "within_s": within_s, "beyond_context": tokens > a.max_seq_len}
         s *= 2
     return None
