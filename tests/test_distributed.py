@@ -104,7 +104,8 @@ def trained(tmp_path_factory):
     data.write_text("".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300)))
     m, t = _cfgs(data)
     train(m, t, root / "single", progress=False)
-    runs = [("ddp", {}), ("fsdp", {"shard": True}), ("seq", {"seq_parallel": 2}), ("resume", {"stop_after": 2})]
+    runs = [("ddp", {}), ("fsdp", {"shard": True}), ("seq", {"seq_parallel": 2}), ("resume", {"stop_after": 2}),
+            ("resume_fsdp", {"shard": True, "stop_after": 2})]
     run_local(_train_worker, 2, str(data), str(root), runs, timeout_s=180)
     return root, data
 
@@ -119,16 +120,20 @@ def test_two_processes_train_like_one(trained, run):
 
 
 def test_resume_two_one_two_processes(trained):
-    """Steps 1-2 on 2 processes, 3-4 on 1, 5-6 on 2 again: the same curve and weights as one process throughout."""
+    """Steps 1-2 on 2 processes, 3-4 on 1, 5-6 on 2 again (DDP, and FSDP2 whose optimizer state is re-sharded):
+    the same curve and weights as one process throughout."""
     from attnlab.train import train
 
     root, data = trained
     m, t = _cfgs(data)
-    train(m, t, root / "resume", resume=True, progress=False, stop_after=4)
-    run_local(_train_worker, 2, str(data), str(root), [("resume", {"resume": True})], timeout_s=120)
-    one, cut = _losses(root / "single"), _losses(root / "resume")
-    assert len(cut) == 6 and max(abs(a - b) for a, b in zip(one, cut)) < TRAIN_LOSS_TOL, (one, cut)
-    assert _max_diff(_weights(root / "single"), _weights(root / "resume")) < TRAIN_WEIGHT_TOL
+    for name in ("resume", "resume_fsdp"):
+        train(m, t, root / name, resume=True, progress=False, stop_after=4)
+    run_local(_train_worker, 2, str(data), str(root),
+              [("resume", {"resume": True}), ("resume_fsdp", {"resume": True, "shard": True})], timeout_s=120)
+    for name in ("resume", "resume_fsdp"):
+        one, cut = _losses(root / "single"), _losses(root / name)
+        assert len(cut) == 6 and max(abs(a - b) for a, b in zip(one, cut)) < TRAIN_LOSS_TOL, (name, one, cut)
+        assert _max_diff(_weights(root / "single"), _weights(root / name)) < TRAIN_WEIGHT_TOL, name
 
 
 # ---- failures, through the real launcher -------------------------------------------------------------------------
