@@ -192,6 +192,24 @@ def ddp_parity(world, device) -> dict:
                 "max_abs_weight_diff": max(float((w1[k] - w2[k]).abs().max()) for k in w1)}
 
 
+def cost_model_check(step_cfg, T, world, seq_rows) -> dict:
+    """cost.parallel's memory per device under sequence parallelism (weights replicated, K/V and activations
+    split) for this model and length, as a ratio P ranks / 1, beside the measured ratio. The model prices
+    inference (no stored activations for a backward pass), so it checks the split, not the absolute bytes."""
+    from attnlab.config import ModelConfig
+    from attnlab.cost import Workload, hardware
+    from attnlab.cost.arch import from_model_config
+    from attnlab.cost.parallel import estimate_devices
+
+    a, hw = from_model_config(ModelConfig(**step_cfg)), hardware.get("h100")
+    link = hardware.interconnect(None, "h100")
+    w = Workload(T, 1, 1, "fp32")
+    one, many = (estimate_devices(a, w, hw, link, link, sequence=s)["memory_per_device_bytes"]["total"]
+                 for s in (1, world))
+    return {"predicted_ratio": many / one, "measured_ratio": seq_rows[world]["peak_bytes_per_rank"]
+            / seq_rows[1]["peak_bytes_per_rank"], "predicted_bytes": {"1": one, str(world): many}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
@@ -255,6 +273,9 @@ def main() -> None:
             "op_cpu_ratio": ring_rows[world]["cpu_s"] / ring_rows[1]["cpu_s"],
             "op_overhead_total_cpu": world * ring_rows[world]["cpu_s"] / ring_rows[1]["cpu_s"] - 1,
             "step_wall_ratio": seq_rows[world]["wall_s"] / seq_rows[1]["wall_s"]}
+    # the cost model's sequence-parallel memory per device, against the measured step (same model and length)
+    if world > 1:
+        res["ring_attention"]["cost_model_check"] = cost_model_check(step_cfg, T, world, seq_rows)
     # 3. parity
     if world > 1:
         res["parity"] = {"ring_vs_naive": run_local(_parity_worker, world, args.device, device=args.device)[0],
