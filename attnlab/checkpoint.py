@@ -97,12 +97,14 @@ def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def save_checkpoint(folder: str | Path, model: torch.nn.Module, run_cfg: RunConfig, step: int = 0,
                     trainer_tensors: dict[str, torch.Tensor] | None = None,
-                    trainer_meta: dict | None = None) -> None:
+                    trainer_meta: dict | None = None, weights: dict[str, torch.Tensor] | None = None) -> None:
+    """``weights``: the tensors to store instead of ``model``'s own (a sharded model's, gathered whole)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     recover(folder)
     files: dict[str, bytes | Path] = {}
-    save_file(unique_state_dict(model), str(_tmp(folder, WEIGHTS)), metadata={"format": FORMAT})
+    save_file(unique_state_dict(model) if weights is None else weights, str(_tmp(folder, WEIGHTS)),
+              metadata={"format": FORMAT})
     files[WEIGHTS] = _tmp(folder, WEIGHTS)
     if trainer_tensors is not None:
         meta = {"step": str(step), "json": json.dumps(trainer_meta or {})}

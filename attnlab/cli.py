@@ -66,12 +66,38 @@ def _train_config(args):
     return TrainConfig(**fields)
 
 
+def _parallel_config(args):
+    from attnlab.distributed.parallel import ParallelConfig
+
+    return ParallelConfig(nproc=args.nproc, shard=args.shard, seq_parallel=args.seq_parallel,
+                          timeout_s=args.dist_timeout)
+
+
 def cmd_train(args) -> int:
+    import os
+
+    from attnlab.distributed.group import launched
     from attnlab.train import train
 
+    parallel = _parallel_config(args)
+    if not launched() and (parallel.nproc > 1 or parallel.seq_parallel > 1 or parallel.shard):
+        if parallel.nproc == 1:
+            raise AttnlabError("--shard and --seq-parallel need several processes: add --nproc N (or run under "
+                               "torchrun --nproc-per-node N -m attnlab train ...)")
+        from attnlab.distributed.launch import launch
+
+        return launch(args.argv, parallel.nproc, threads=args.threads)
     set_threads(args.threads)
-    summary = train(_model_config(args), _train_config(args), args.out, resume=args.resume,
-                    overwrite=args.overwrite, progress=not args.quiet)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        summary = train(_model_config(args), _train_config(args), args.out, resume=args.resume,
+                        overwrite=args.overwrite, progress=not args.quiet and rank == 0, parallel=parallel)
+    except RuntimeError as e:  # a peer that died or hung surfaces here as a backend error
+        if not launched():
+            raise
+        raise AttnlabError(f"rank {rank}: {type(e).__name__}: {str(e).strip().splitlines()[0]}") from None
+    if rank != 0:
+        return 0
     if summary.get("stale_lock_pid"):
         print(f"attnlab train: note: {args.out} was last locked by pid {summary['stale_lock_pid']}, a run that was "
               "killed; its lock was taken over", file=sys.stderr)
@@ -309,6 +335,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int)
     g.add_argument("--quiet", action="store_true")
     g.add_argument("--json", action="store_true")
+    g = p.add_argument_group("several processes (torch.distributed: gloo on CPU, NCCL on GPU)")
+    g.add_argument("--nproc", type=int, default=1,
+                   help="local processes; --batch-size stays the global batch, split across them (the same as "
+                        "torchrun --nproc-per-node N -m attnlab train ...)")
+    g.add_argument("--shard", action="store_true",
+                   help="FSDP2: shard parameters, gradients and optimizer state across the processes (default: DDP)")
+    g.add_argument("--seq-parallel", type=int, default=1, metavar="N",
+                   help="split every sequence across N processes (ring attention; transformer only)")
+    g.add_argument("--dist-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds any collective may wait: a rank that dies or hangs stops the run within this")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("generate", help="continue a prompt with an attnlab checkpoint or a Hugging Face folder")
@@ -387,6 +423,7 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.from_command_line = argv is None  # a process of its own (serve may restart itself with other settings)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what --nproc hands each rank
     try:
         return args.func(args)
     except (AttnlabError, ValueError) as e:

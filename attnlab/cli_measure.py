@@ -111,8 +111,9 @@ def cmd_cost(args) -> int:
     res = estimate(arch, Workload(args.prompt_tokens, args.output_tokens, args.batch, dtype), hw,
                    allow_beyond_context=args.allow_beyond_context,
                    memory_budget=args.memory_gb * 1e9 if args.memory_gb else None)
+    multi = _cost_devices(arch, args, hw, dtype, res)
     if args.json:
-        print(json.dumps(res))
+        print(json.dumps({**res, "multi_device": multi}))
         return 0
     print(f"{arch.name} on {hw.name} ({dtype}, batch {args.batch}): {res['params']:,} parameters")
     print(f"  {'part':22s} {'prefill':>14s} {'decode/token':>14s}")
@@ -130,7 +131,61 @@ def cmd_cost(args) -> int:
           f"{res['max_context_tokens']:,} tokens")
     print(f"attention overtakes the MLP at {res['attention_mlp_crossover_tokens']:,.0f} tokens; sequential depth "
           f"{res['depth']['prefill']} layer steps for the prompt, {res['depth']['decode_all_outputs']:,} for the outputs")
+    _print_devices(multi, hw)
     return 0
+
+
+def _cost_devices(arch, args, hw, dtype, single) -> dict:
+    """``--devices N --parallel MODE``, and whenever one device cannot hold the run: the fewest devices of each kind
+    that do, and the devices that prefill --prefill-tokens within --prefill-within seconds (cost.parallel)."""
+    from attnlab.cost import Workload
+    from attnlab.cost import hardware
+    from attnlab.cost.parallel import PARALLEL, devices_to_prefill, estimate_devices, fewest_devices, layout
+
+    intra = hardware.interconnect(args.interconnect, hw.name)
+    inter = hardware.interconnect(args.inter_node, hw.name)
+    w = Workload(args.prompt_tokens, args.output_tokens, args.batch, dtype)
+    kw = dict(allow_beyond_context=args.allow_beyond_context)
+    out = {"interconnect": intra.to_dict(), "inter_node": inter.to_dict()}
+    if args.devices:
+        out["requested"] = estimate_devices(arch, w, hw, intra, inter, **layout(args.devices, args.parallel), **kw)
+    if args.devices or single["memory_bytes"] > hw.memory_bytes:
+        out["fewest"] = {m: fewest_devices(arch, w, hw, intra, inter, m, **kw) for m in PARALLEL}
+    if args.prefill_tokens:
+        out["prefill"] = devices_to_prefill(arch, args.prefill_tokens, args.prefill_within, hw, intra, inter, dtype)
+    return out
+
+
+def _print_devices(multi: dict, hw) -> None:
+    def line(r):
+        mem = r["memory_per_device_bytes"]
+        comm = r["comm_s"]
+        return (f"{r['devices']} devices (tensor {r['tensor']} x sequence {r['sequence']} x pipeline {r['pipeline']}): "
+                f"{_fmt(mem['total'], 'B')} per device (weights {_fmt(mem['weights'], 'B')}, KV {_fmt(mem['kv_cache'], 'B')}, "
+                f"activations {_fmt(mem['activations'], 'B')}){'' if r['fits'] else ' -- does NOT fit'}; TTFT "
+                f"{r['ttft_s'] * 1e3:,.1f} ms (all-reduce {comm['tensor_prefill'] * 1e3:,.1f} ms, ring "
+                f"{comm['sequence_prefill_total'] * 1e3:,.1f} ms of which {comm['sequence_prefill_exposed'] * 1e3:,.1f} "
+                f"not hidden), TPOT {r['tpot_s'] * 1e3:,.2f} ms")
+
+    links = f"{multi['interconnect']['name']} within a node, {multi['inter_node']['name']} between nodes"
+    if "requested" in multi:
+        print(f"on {line(multi['requested'])} [{links}]")
+    if "fewest" in multi:
+        print(f"one {hw.name} ({_fmt(hw.memory_bytes, 'B')}) cannot hold it alone" if
+              multi["fewest"]["tensor"] is None or multi["fewest"]["tensor"]["devices"] > 1 else
+              f"fewest devices that hold it, by kind of parallelism [{links}]:")
+        for mode, r in multi["fewest"].items():
+            if r is None:
+                why = " (the weights are replicated on every device)" if mode == "sequence" else ""
+                print(f"  {mode:9s}: no count holds it{why}")
+            else:
+                print(f"  {mode:9s}: {line(r)}")
+    if multi.get("prefill"):
+        r = multi["prefill"]
+        beyond = " (beyond the model's context: priced anyway)" if r["beyond_context"] else ""
+        print(f"prefill of {r['prompt_tokens']:,} tokens{beyond} within {r['within_s']:g} s: {line(r)}")
+    elif "prefill" in multi:
+        print("prefill target: no layout up to 16k devices meets it")
 
 
 def cmd_trace(args) -> int:
@@ -393,6 +448,14 @@ def add_measure_commands(sub) -> None:
     p.add_argument("--out", default="benchmarks/results/cost_validate.json",
                    help="with --validate: where the results JSON goes")
     p.add_argument("--refresh", action="store_true", help="re-measure the local hardware spec")
+    p.add_argument("--devices", type=int, help="price the run on N devices (memory per device, TTFT/TPOT with communication)")
+    p.add_argument("--parallel", default="tensor", choices=("tensor", "sequence", "pipeline"),
+                   help="how --devices split the work (default tensor)")
+    p.add_argument("--interconnect", help="link within a node: nvlink4, nvlink3, pcie4, pcie5 (default: the hardware's)")
+    p.add_argument("--inter-node", default="infiniband-ndr", help="link between nodes of 8 (default infiniband-ndr)")
+    p.add_argument("--prefill-tokens", type=int, default=1_000_000,
+                   help="also: the fewest devices that prefill this many tokens within --prefill-within (0: skip)")
+    p.add_argument("--prefill-within", type=float, default=60.0, metavar="S", help="seconds (default 60)")
     p.add_argument("--threads", type=int)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_cost)

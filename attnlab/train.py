@@ -8,9 +8,15 @@ checkpoint's step on resume, so the loss curve is the uninterrupted one as well.
 
 A run holds an exclusive lock on its folder from start to end (folder_lock.py), and a folder that holds a
 checkpoint is only continued (``resume``) or, when asked explicitly, replaced (``overwrite``).
+
+Several processes (torchrun, or ``attnlab train --nproc``): the model is built once per rank, loaded on
+resume, and wrapped in one place (``distributed.parallelize``); each rank trains on its share of every
+global batch (``distributed.parallel.Split``); rank 0 alone locks the folder, logs and writes checkpoints,
+which hold the whole weights and optimizer state, so a run resumes with any number of processes.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -25,6 +31,8 @@ from attnlab.checkpoint import (CONFIG, MANIFEST, TRAINER, WEIGHTS, has_checkpoi
 from attnlab.config import ModelConfig, RunConfig, TrainConfig
 from attnlab.data.synthetic import IGNORE
 from attnlab.data.tasks import make_task
+from attnlab.distributed.parallel import (Split, check, full_optimizer_state, full_weights, parallelize, place_like,
+                                          unwrap)
 from attnlab.errors import CheckpointError, ConfigError, TrainingDiverged
 from attnlab.folder_lock import FolderLock
 from attnlab.models import build_model, count_params
@@ -143,18 +151,16 @@ def train_in_memory(model, batch, cfg: TrainConfig, clip: bool = True, teacher=N
 
 
 def _trainer_tensors(model, optimizer) -> dict[str, torch.Tensor]:
-    names = {id(p): n for n, p in model.named_parameters()}
+    """RNG states and AdamW's state by parameter name, whole (gathered from every rank when sharded)."""
     out = {"rng/torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         out["rng/cuda"] = torch.cuda.get_rng_state()
-    for p, st in optimizer.state.items():
-        for key, val in st.items():
-            out[f"optim/{names[id(p)]}/{key}"] = val if torch.is_tensor(val) else torch.tensor(val)
+    out.update(full_optimizer_state(model, optimizer))
     return out
 
 
 def _restore_trainer(model, optimizer, tensors) -> None:
-    params = dict(model.named_parameters())
+    params = dict(unwrap(model).named_parameters())
     for key, val in tensors.items():
         kind, rest = key.split("/", 1)
         if kind == "rng":
@@ -167,7 +173,7 @@ def _restore_trainer(model, optimizer, tensors) -> None:
         if name not in params:
             raise CheckpointError(f"trainer state names parameter {name!r}, which the model lacks")
         p = params[name]
-        optimizer.state[p][slot] = val.to(p.device) if slot != "step" else val
+        optimizer.state[p][slot] = place_like(val, p) if slot != "step" else val  # this rank's shard if sharded
 
 
 def _check_resume_config(saved: RunConfig, model_cfg: ModelConfig, train_cfg: TrainConfig, folder: Path) -> None:
@@ -207,45 +213,75 @@ def _discard_checkpoint(out: Path) -> None:
 
 
 def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, resume: bool = False,
-          overwrite: bool = False, progress: bool = True, stop_after: int | None = None) -> dict:
+          overwrite: bool = False, progress: bool = True, stop_after: int | None = None, parallel=None) -> dict:
     """Train and checkpoint into ``out_dir``; returns a summary with the final metrics and timings.
 
     The folder is locked for the whole call: another run into it is refused with its pid (FolderInUse); a lock
     left by a killed run is taken over and its pid returned as ``stale_lock_pid``. ``stop_after`` ends this
     call after that step (checkpointing it) without changing the schedule, so a long run can be done in slices
-    with ``resume=True``."""
-    with FolderLock(out_dir) as lock:
-        summary = _train_locked(model_cfg, train_cfg, Path(out_dir), resume, overwrite, progress, stop_after)
+    with ``resume=True``.
+
+    Inside torchrun or ``attnlab train --nproc`` the process group is joined here and left at the end;
+    ``parallel`` (distributed.ParallelConfig) says how the ranks share the work."""
+    import torch.distributed as dist
+
+    from attnlab.distributed.group import destroy, init_distributed
+    from attnlab.distributed.parallel import ParallelConfig
+
+    parallel = parallel or ParallelConfig()
+    owned = not dist.is_initialized()
+    ctx = init_distributed(train_cfg.device, parallel.timeout_s)
+    try:
+        if not ctx.is_main:  # rank 0 holds the folder's lock for the whole group
+            return _train_locked(model_cfg, train_cfg, Path(out_dir), resume, overwrite, False, stop_after, ctx,
+                                 parallel)
+        with FolderLock(out_dir) as lock:
+            summary = _train_locked(model_cfg, train_cfg, Path(out_dir), resume, overwrite, progress, stop_after, ctx,
+                                    parallel)
+    finally:
+        if owned:
+            destroy()
     if lock.stale_pid is not None:
         summary["stale_lock_pid"] = lock.stale_pid
     return summary
 
 
 def _train_locked(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, overwrite: bool,
-                  progress: bool, stop_after: int | None) -> dict:
-    if resume and overwrite:
-        raise ConfigError("--resume continues the checkpoint in --out and --overwrite replaces it: choose one")
-    if has_checkpoint(out) and not (resume or overwrite):
-        raise CheckpointError(f"{out} already holds a checkpoint; pass --resume to continue it, --overwrite to "
-                              "replace it, or choose another --out (nothing was overwritten)")
-    if resume and has_checkpoint(out) and not (out / TRAINER).exists():
-        raise CheckpointError(f"{out} holds a checkpoint without {TRAINER}, so it cannot be resumed; pass "
-                              "--overwrite to replace it, or choose another --out (nothing was overwritten)")
-    device = resolve_device(train_cfg.device)
+                  progress: bool, stop_after: int | None, ctx, parallel) -> dict:
+    if ctx.is_main:  # the other ranks trust rank 0's checks of the folder (and wait for them below)
+        if resume and overwrite:
+            raise ConfigError("--resume continues the checkpoint in --out and --overwrite replaces it: choose one")
+        if has_checkpoint(out) and not (resume or overwrite):
+            raise CheckpointError(f"{out} already holds a checkpoint; pass --resume to continue it, --overwrite to "
+                                  "replace it, or choose another --out (nothing was overwritten)")
+        if resume and has_checkpoint(out) and not (out / TRAINER).exists():
+            raise CheckpointError(f"{out} holds a checkpoint without {TRAINER}, so it cannot be resumed; pass "
+                                  "--overwrite to replace it, or choose another --out (nothing was overwritten)")
+    device = torch.device(ctx.device) if ctx.distributed else resolve_device(train_cfg.device)
     torch.manual_seed(train_cfg.seed)
     task = make_task(train_cfg, out, resume=resume)
     model_cfg = dataclasses.replace(model_cfg, vocab_size=task.vocab_size)
     if not model_cfg.is_recurrent and model_cfg.pos == "learned" and train_cfg.seq_len > model_cfg.max_seq_len:
         raise ConfigError(f"seq_len={train_cfg.seq_len} is above the learned positional table's size "
                           f"max_seq_len={model_cfg.max_seq_len}; raise --max-seq-len or shorten --seq-len")
+    if ctx.distributed:
+        check(ctx, parallel, model_cfg, train_cfg)
+        if train_cfg.distill_from:
+            raise ConfigError("--distill-from runs in one process for now; drop --nproc (or torchrun)")
     model = build_model(model_cfg, device)
     teacher = load_teacher(train_cfg.distill_from, task, device) if train_cfg.distill_from else None
-    optimizer = make_optimizer(model, train_cfg)
     run_cfg = RunConfig(model=model_cfg, train=train_cfg, tokenizer="byte" if task.synthetic else task.tokenizer.name,
                         extra={"data": task.info, "torch": torch.__version__, "params": count_params(model)})
-    start = 0
+    start, tensors = 0, None
     metrics_path = out / METRICS
-    if resume and has_checkpoint(out):
+    resuming = resume and has_checkpoint(out)
+    if ctx.is_main and not resuming:
+        if overwrite:
+            _discard_checkpoint(out)
+        metrics_path.unlink(missing_ok=True)
+    if ctx.distributed:
+        torch.distributed.barrier()  # rank 0 has checked (and, with --overwrite, cleared) the folder
+    if resuming:
         from attnlab.checkpoint import verify
         from safetensors.torch import load_file
 
@@ -253,20 +289,21 @@ def _train_locked(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, res
         _check_resume_config(RunConfig.load(out / "config.json"), model_cfg, train_cfg, out)
         load_weights(model, {k: v.to(device) for k, v in load_file(str(out / "model.safetensors")).items()},
                      str(out / "model.safetensors"))
-        optimizer = make_optimizer(model, train_cfg)  # rebuilt: loading assigned new Parameter objects
         tensors, start, _ = load_trainer_state(out)
+    model = parallelize(model, ctx, parallel)  # the one place the model is made parallel (a no-op in one process)
+    optimizer = make_optimizer(model, train_cfg)
+    if resuming:
         _restore_trainer(model, optimizer, tensors)
-        _cut_metrics(metrics_path, start)
-    else:
-        if overwrite:
-            _discard_checkpoint(out)
-        metrics_path.unlink(missing_ok=True)
-    if task.tokenizer is not None:
+        if ctx.is_main:
+            _cut_metrics(metrics_path, start)
+    if task.tokenizer is not None and ctx.is_main:
         task.tokenizer.save(out)
     eval_batches = task.eval_batches()
+    split = Split(ctx, parallel, IGNORE)
     model.train()
     tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
-    summary = {"params": count_params(model), "start_step": start, "steps": train_cfg.steps, "out": str(out)}
+    summary = {"params": count_params(unwrap(model)), "start_step": start, "steps": train_cfg.steps, "out": str(out),
+               "world_size": ctx.world_size}
     last_good = start
     bar = None
     if progress:
@@ -274,23 +311,29 @@ def _train_locked(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, res
         bar = tqdm(total=train_cfg.steps, initial=start, desc=f"train {model_cfg.family}", unit="step",
                    dynamic_ncols=True)
     t_start, window_t, window_tokens = time.perf_counter(), time.perf_counter(), 0
-    with open(metrics_path, "a") as log:
+    with (open(metrics_path, "a") if ctx.is_main else contextlib.nullcontext()) as log:
         for step in range(start, train_cfg.steps):
             lr = lr_at(step, train_cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             x, y = task.batch(step)
-            logits, _ = model(x.to(device))
-            if teacher is None:
-                loss = lm_loss(logits, y.to(device))
+            if ctx.distributed:  # this rank's rows (or positions) of the global batch; the global mean loss
+                x, y, state = split.local(x, y)
+                logits, _ = model(x.to(device), state=state)
+                loss, batch_loss = split.loss(logits, y.to(device))
             else:
-                with torch.no_grad():
-                    teacher_logits, _ = teacher(x.to(device))
-                loss = distill_loss(logits, teacher_logits, y.to(device), train_cfg.distill_weight,
-                                    train_cfg.distill_temperature)
-            if not torch.isfinite(loss):
+                logits, _ = model(x.to(device))
+                if teacher is None:
+                    loss = lm_loss(logits, y.to(device))
+                else:
+                    with torch.no_grad():
+                        teacher_logits, _ = teacher(x.to(device))
+                    loss = distill_loss(logits, teacher_logits, y.to(device), train_cfg.distill_weight,
+                                        train_cfg.distill_temperature)
+                batch_loss = loss
+            if not torch.isfinite(batch_loss):
                 raise TrainingDiverged(
-                    f"loss became {loss.item()} at step {step + 1}; stopped, and the last good checkpoint "
+                    f"loss became {batch_loss.item()} at step {step + 1}; stopped, and the last good checkpoint "
                     f"(step {last_good}) is kept in {out}; lower --lr or keep gradient clipping on")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -300,22 +343,28 @@ def _train_locked(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, res
             window_tokens += tokens_per_step
             if done % train_cfg.log_every == 0 or done == train_cfg.steps:
                 now = time.perf_counter()
-                rec = {"step": done, "loss": loss.item(), "lr": lr, "grad_norm": grad_norm.item(),
+                rec = {"step": done, "loss": batch_loss.item(), "lr": lr, "grad_norm": _item(grad_norm),
                        "tok_per_s": window_tokens / (now - window_t), "elapsed_s": now - t_start}
                 window_t, window_tokens = now, 0
-                log.write(json.dumps(rec) + "\n")
-                log.flush()
+                if log is not None:
+                    log.write(json.dumps(rec) + "\n")
+                    log.flush()
                 summary["loss"], summary["tok_per_s"] = rec["loss"], rec["tok_per_s"]
                 if bar is not None:
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tok_per_s']:.0f}")
-            if done % train_cfg.eval_every == 0 or done == train_cfg.steps:
-                ev = evaluate(model, eval_batches, device, teacher)
-                log.write(json.dumps({"step": done, **ev}) + "\n")
-                log.flush()
+            if (done % train_cfg.eval_every == 0 or done == train_cfg.steps) and (ctx.is_main or parallel.shard):
+                # sharded weights are gathered layer by layer, so every rank evaluates; otherwise rank 0 alone
+                ev = evaluate(model if parallel.shard else unwrap(model), eval_batches, device, teacher)
+                if log is not None:
+                    log.write(json.dumps({"step": done, **ev}) + "\n")
+                    log.flush()
                 summary.update(ev)
             stopping = done == stop_after
             if (train_cfg.save_every and done % train_cfg.save_every == 0) or done == train_cfg.steps or stopping:
-                save_checkpoint(out, model, run_cfg, done, _trainer_tensors(model, optimizer))
+                weights = full_weights(model) if ctx.distributed else None  # every rank: a collective when sharded
+                trainer = _trainer_tensors(model, optimizer)
+                if ctx.is_main:
+                    save_checkpoint(out, unwrap(model), run_cfg, done, trainer, weights=weights)
                 last_good = done
             if bar is not None:
                 bar.update(1)
@@ -326,3 +375,9 @@ def _train_locked(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, res
     summary["train_s"] = time.perf_counter() - t_start
     summary["final_step"] = last_good
     return summary
+
+
+def _item(t) -> float:
+    """A scalar tensor's value (a DTensor's, under FSDP2, is gathered first)."""
+    full = getattr(t, "full_tensor", None)
+    return (full() if full is not None else t).item()

@@ -38,6 +38,11 @@ def test_parameter_counts_equal_hugging_face(name):
 def test_published_parameter_counts():
     assert params(resolve("gpt2"))["total"] == 124_439_808
     assert params(resolve("llama-3-8b"))["total"] == 8_030_261_248
+    # the model cards' figures (safetensors index totals / 2 bytes): equal to transformers' count above as well
+    assert params(resolve("llama-3.1-8b"))["total"] == 8_030_261_248
+    assert params(resolve("llama-3.1-70b"))["total"] == 70_553_706_496
+    assert params(resolve("llama-3.1-405b"))["total"] == 405_853_388_800
+    assert params(resolve("qwen2.5-72b"))["total"] == 72_706_203_648
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(n_kv_heads=2, mlp="swiglu", norm="rmsnorm", tie_embeddings=False),
@@ -354,3 +359,43 @@ def test_elementwise_passes_follow_the_layer_formulas():
     cpu = hardware.Hardware("cpu", {"fp32": 1e11}, 2e10, 1e10, 0.0, "measured", {"64": 1e11}, 2e10, 1e9)
     assert roofline_s(0, 0, cpu, "fp32", elements=1e9) == pytest.approx(1.0)
     assert roofline_s(0, 0, hardware.get("h100"), "fp32", elements=1e9) == 0.0
+
+
+# ---- across devices (cost.parallel) ------------------------------------------------------------------------------
+def test_devices_split_memory_and_price_communication():
+    from attnlab.cost.parallel import allreduce_s, devices_to_prefill, estimate_devices, fewest_devices
+
+    hw, nv, ib = hardware.get("h100"), hardware.interconnect(None, "h100-sxm"), hardware.interconnect("infiniband-ndr", "h100")
+    a, w = resolve("llama-3-70b"), Workload(7000, 256)
+    one = estimate(a, w, hw)
+    assert one["memory_bytes"] > hw.memory_bytes  # the case that used to stop at "0 tokens"
+    assert allreduce_s(1e9, 1, nv) == 0 and allreduce_s(1e9, 2, nv) == pytest.approx(1e9 / nv.bandwidth_bytes_per_s + 2 * nv.latency_s)
+    tp = estimate_devices(a, w, hw, nv, ib, tensor=8)
+    mem = tp["memory_per_device_bytes"]
+    assert mem["weights"] == pytest.approx(one["weight_bytes"] / 8) and mem["kv_cache"] == pytest.approx(one["kv_cache_bytes"] / 8)
+    assert tp["comm_s"]["tensor_prefill"] > 0 and tp["ttft_s"] < one["ttft_s"] and tp["tpot_s"] < one["tpot_s"]
+    sp = estimate_devices(a, w, hw, nv, ib, sequence=4)
+    assert sp["memory_per_device_bytes"]["weights"] == one["weight_bytes"]  # replicated
+    assert sp["comm_s"]["sequence_prefill_total"] > 0
+    pp = estimate_devices(a, w, hw, nv, ib, pipeline=4)
+    assert pp["ttft_s"] >= one["ttft_s"]  # one request passes every stage in turn
+    assert fewest_devices(a, w, hw, nv, ib, "tensor")["devices"] == 2
+    assert fewest_devices(a, w, hw, nv, ib, "sequence") is None  # 141 GB of weights on every device
+    assert fewest_devices(resolve("llama-3.1-8b"), Workload(131000, 1), hw, nv, ib, "sequence")["devices"] >= 1
+    million = devices_to_prefill(resolve("llama-3.1-70b"), 1_000_000, 60.0, hw, nv, ib)
+    assert million["fits"] and million["ttft_s"] <= 60 and million["devices"] == million["tensor"] * million["sequence"]
+    # a million tokens' prefill is at least its FLOPs over the devices' peak
+    flops = forward_flops(resolve("llama-3.1-70b"), 1_000_000, 0, head_rows=1)["total"]
+    assert million["ttft_s"] >= flops / (million["devices"] * hw.flops("bf16"))
+
+
+def test_cost_cli_answers_with_devices(capsys):
+    from attnlab.cli import main
+
+    assert main(["cost", "llama-3-70b", "--prompt-tokens", "7000", "--hardware", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "cannot hold it alone" in out and "tensor   : 2 devices" in out and "prefill of 1,000,000 tokens" in out
+    assert main(["cost", "llama-3.1-405b", "--prompt-tokens", "100000", "--devices", "16", "--parallel", "tensor",
+                 "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)["multi_device"]["requested"]
+    assert res["devices"] == 16 and res["links"]["tensor"] == "nvlink4"

@@ -192,6 +192,24 @@ def test_e13():
     _check("e13_speculative", _e13([1.05, 1.1, 0.9, 0.8]), INCONCLUSIVE)
 
 
+# --- claim 17: attention splits across devices, a recurrence does not ----------------------------------------------
+def _e17(attn2, lstm2, mem2=0.55):
+    one = {"processes": 1, "attn_s": [1.0, 1.0, 1.0], "lstm_s": [1.0, 1.0, 1.0], "attn_peak_bytes": 100e6,
+           "lstm_peak_bytes": 10e6}
+    two = {"processes": 2, "attn_s": list(attn2), "lstm_s": list(lstm2), "attn_peak_bytes": mem2 * 100e6,
+           "lstm_peak_bytes": 5e6}
+    return {"setup": {"T": 2048}, "cores": 2, "load_avg": [1.0, 1.0, 1.0], "rows": [one, two],
+            "depth": {"lstm": {32: 263, 64: 519}, "transformer": {32: 30, 64: 30}}}
+
+
+def test_e17():
+    _check("e17_split_devices", _e17([0.5, 0.55, 0.52], [1.0, 1.05, 1.1]), SUPPORTED)
+    _check("e17_split_devices", _e17([0.95, 1.0, 0.97], [1.0, 1.05, 1.1]), NOT_SUPPORTED)  # attention did not split
+    _check("e17_split_devices", _e17([0.5, 0.55, 0.52], [0.5, 0.52, 0.55]), NOT_SUPPORTED)  # the LSTM did
+    _check("e17_split_devices", _e17([0.5, 0.55, 0.52], [1.0, 1.05, 1.1], mem2=0.95), NOT_SUPPORTED)  # memory did not
+    _check("e17_split_devices", _e17([0.7, 0.9, 0.8], [1.0, 1.05, 1.1]), INCONCLUSIVE)  # straddles 0.75
+
+
 def test_every_experiment_is_covered():
     """A new claim file needs its own test here."""
     from attnlab.experiments import registry

@@ -100,6 +100,9 @@ def _gpt2(name, d, L, h):
     return dict(model_type="gpt2", vocab_size=50257, n_embd=d, n_layer=L, n_head=h, n_positions=1024)
 
 
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+
 # Published config.json values (Hugging Face model cards), stored as plain data.
 PRESETS: dict[str, dict] = {
     "gpt2": _gpt2("gpt2", 768, 12, 12),
@@ -115,12 +118,27 @@ PRESETS: dict[str, dict] = {
     "llama-3-70b": dict(model_type="llama", vocab_size=128256, hidden_size=8192, num_hidden_layers=80,
                         num_attention_heads=64, num_key_value_heads=8, intermediate_size=28672,
                         max_position_embeddings=8192, rope_theta=500000.0),
+    # Llama 3.1: 128k context through llama3 rope scaling (meta-llama/Llama-3.1-*/config.json)
+    "llama-3.1-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+                         max_position_embeddings=131072, rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE),
+    "llama-3.1-70b": dict(model_type="llama", vocab_size=128256, hidden_size=8192, num_hidden_layers=80,
+                          num_attention_heads=64, num_key_value_heads=8, intermediate_size=28672,
+                          max_position_embeddings=131072, rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE),
+    "llama-3.1-405b": dict(model_type="llama", vocab_size=128256, hidden_size=16384, num_hidden_layers=126,
+                           num_attention_heads=128, num_key_value_heads=8, intermediate_size=53248,
+                           max_position_embeddings=131072, rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE),
     "mistral-7b": dict(model_type="mistral", vocab_size=32000, hidden_size=4096, num_hidden_layers=32,
                        num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
                        max_position_embeddings=32768, sliding_window=4096),
     "qwen2.5-7b": dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, num_hidden_layers=28,
                        num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944,
                        max_position_embeddings=131072, tie_word_embeddings=False, use_sliding_window=False),
+    # Qwen/Qwen2.5-72B(-Instruct)/config.json: 32k native positions (131k with YaRN, as its card describes)
+    "qwen2.5-72b": dict(model_type="qwen2", vocab_size=152064, hidden_size=8192, num_hidden_layers=80,
+                        num_attention_heads=64, num_key_value_heads=8, intermediate_size=29568,
+                        max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=False,
+                        use_sliding_window=False),
 }
 
 

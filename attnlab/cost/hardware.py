@@ -83,6 +83,43 @@ def _interpolate(pts: list[tuple[int, float]], size: float) -> float:
     return pts[-1][1]
 
 
+@dataclass
+class Interconnect:
+    """A link between devices: bandwidth per direction per device, and the latency of one message (datasheet
+    figures; NCCL reaches ~80-90% of the bandwidth on large messages, which the cost model does not discount)."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    source: str = "datasheet"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# NVLink 4 (H100/H200 SXM): 900 GB/s per GPU both ways = 450 GB/s each way; NVLink 3 (A100): 600 GB/s -> 300.
+# PCIe 4.0 / 5.0 x16: 32 / 64 GB/s each way. InfiniBand NDR 400 Gb/s = 50 GB/s per GPU's NIC (HDR: 25).
+# Latencies: a few microseconds for one NVLink hop through NCCL, ~10 us over PCIe, ~5 us for an IB RDMA write.
+INTERCONNECTS = {
+    "nvlink4": Interconnect("nvlink4", 450e9, 3e-6),
+    "nvlink3": Interconnect("nvlink3", 300e9, 3e-6),
+    "pcie4": Interconnect("pcie4", 32e9, 10e-6),
+    "pcie5": Interconnect("pcie5", 64e9, 10e-6),
+    "infiniband-ndr": Interconnect("infiniband-ndr", 50e9, 5e-6),
+    "infiniband-hdr": Interconnect("infiniband-hdr", 25e9, 5e-6),
+}
+DEFAULT_LINK = {"h100-sxm": "nvlink4", "h200": "nvlink4", "a100-80gb": "nvlink3", "rtx-4090": "pcie4",
+                "local": "pcie4"}
+
+
+def interconnect(name: str | None, hardware: str) -> Interconnect:
+    """A named link, or the one ``hardware`` usually comes with (NVLink within an SXM node)."""
+    name = name or DEFAULT_LINK.get(hardware, "pcie4")
+    if name not in INTERCONNECTS:
+        raise ConfigError(f"unknown interconnect {name!r}; choose one of: {', '.join(INTERCONNECTS)}")
+    return INTERCONNECTS[name]
+
+
 GB = 1e9
 SPECS = {
     "h100-sxm": Hardware("h100-sxm", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}, 3.35e12, 80 * GB),

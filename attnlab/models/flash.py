@@ -64,7 +64,7 @@ def _needs_mask(q0, q1, k0, k1, q_lo, causal, window, ragged) -> bool:
     return window is not None and k0 <= q_lo + (q1 - q0) - 1 - window
 
 
-def _forward(q, k, v, qp, causal, window, slopes, scale, kv_len):
+def tile_forward(q, k, v, qp, causal, window, slopes, scale, kv_len):
     """q (B, Hkv, G, T, D), k/v (B, Hkv, 1, S, D) -> out (B, Hkv, G, T, D), lse (B, Hkv, G, T).
 
     A query that sees no key at all (possible when keys are split across calls) gets out 0 and lse -inf."""
@@ -105,7 +105,7 @@ def _forward(q, k, v, qp, causal, window, slopes, scale, kv_len):
     return out, lse
 
 
-def _backward(q, k, v, out, lse, dout, qp, causal, window, slopes, scale, kv_len):
+def tile_backward(q, k, v, out, lse, dout, qp, causal, window, slopes, scale, kv_len):
     """Recompute each tile's P = exp(s - lse); dV = P^T dO, dS = P (dP - rowsum(dO * O)), dQ/dK from dS."""
     B, Hkv, G, T, D = q.shape
     S = k.shape[-2]
@@ -142,7 +142,7 @@ def _backward(q, k, v, out, lse, dout, qp, causal, window, slopes, scale, kv_len
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, qp, causal, window, slopes, scale, kv_len):
-        out, lse = _forward(q, k, v, qp, causal, window, slopes, scale, kv_len)
+        out, lse = tile_forward(q, k, v, qp, causal, window, slopes, scale, kv_len)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (qp, causal, window, slopes, scale, kv_len)
         ctx.mark_non_differentiable(lse)
@@ -151,7 +151,7 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, out, lse, dout, *ctx.args)
+        dq, dk, dv = tile_backward(q, k, v, out, lse, dout, *ctx.args)
         return dq, dk, dv, None, None, None, None, None, None
 
 
@@ -169,7 +169,7 @@ def flash_attention(q, k, v, *, causal: bool, alibi_slopes, scale: float, q_pos=
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out, lse = _FlashAttention.apply(q5, k5, v5, qp, causal, window, slopes, scale, kv_len)
     else:
-        out, lse = _forward(q5, k5, v5, qp, causal, window, slopes, scale, kv_len)
+        out, lse = tile_forward(q5, k5, v5, qp, causal, window, slopes, scale, kv_len)
     out = out.reshape(B, H, T, D)
     return (out, lse.reshape(B, H, T)) if return_lse else out
 
