@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from attnlab.recsys.data import Interactions, load_file
-from attnlab.recsys.metrics import K, PROTOCOLS, ndcg, summarize
+from attnlab.errors import DataError
+from attnlab.recsys.metrics import K, N_NEGATIVES, PROTOCOLS, ndcg, summarize
 from attnlab.recsys.models import MODELS, NEURAL, build
 from attnlab.recsys.split import Split, leave_one_out
 from attnlab.recsys.synthetic import SyntheticConfig, generate
@@ -106,6 +107,9 @@ def run_recsys(data: str | Interactions = "synthetic", models=MODELS, seeds: int
     if seeds < 1:
         raise ValueError(f"--seeds {seeds} must be >= 1")
     inter = data if isinstance(data, Interactions) else load_data(data, wheel)
+    if inter.n_items <= N_NEGATIVES:
+        raise DataError(f"{inter.name}: {inter.n_items} items; the sampled protocol ranks the target among "
+                        f"{N_NEGATIVES} other items, so at least {N_NEGATIVES + 1} are needed")
     split = leave_one_out(inter, max_len)
     fit_cfg = fit_cfg or FitConfig()
     out = {"data": inter.describe(), "split": split.describe(), "protocol": PROTOCOL_NOTE.format(max_len=max_len),
