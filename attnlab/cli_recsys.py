@@ -41,7 +41,7 @@ def add_recsys_command(sub) -> None:
     p.add_argument("--loss", default="ce", choices=("ce", "bce"),
                    help="ce: cross-entropy over all items (default); bce: one sampled negative per position")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=128, help="training windows (of up to MAX_LEN items) per step")
+    p.add_argument("--batch-size", type=int, default=32, help="training windows (of up to MAX_LEN items) per step")
     p.add_argument("--threads", type=int)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true")

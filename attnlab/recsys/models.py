@@ -4,7 +4,7 @@ items (B, T) -> logits (B, T, n_items + 1) (column 0 is padding), plus ``score_l
 
     sasrec   item embeddings + learned positions -> attnlab's causal backbone blocks (models/backbone.py, reused, not
              copied) -> scores against the same item embeddings (Kang & McAuley 2018). Parallel over T.
-    gru4rec  item embeddings -> a GRU (torch's fused nn.GRU kernel) -> scores against the item embeddings
+    gru4rec  item embeddings -> a GRU (torch's fused nn.GRU kernel) -> LayerNorm -> scores against the item embeddings
              (Hidasi et al. 2016). Sequential over T: the hidden vector is the state.
     markov   first-order transitions counted on the training histories, Dirichlet-smoothed towards popularity:
              P(j | i) = (c_ij + beta * p_j) / (c_i + beta), p_j = (c_j + 1) / (N + n_items). No gradient training.
@@ -78,7 +78,7 @@ class GRU4Rec(nn.Module):
         self.item_emb = nn.Embedding(n_items + 1, dim)
         self.dropout = nn.Dropout(dropout)
         self.gru = nn.GRU(dim, dim, num_layers=n_layers, batch_first=True)  # torch's fused GRU kernel
-        self.out = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)  # as the backbone's final norm: unit-scale outputs, so scores start moving
         _init(self, n_layers)
         for name, p in self.gru.named_parameters():  # recurrent weights: torch's default uniform init
             if name.startswith("weight"):
@@ -99,7 +99,7 @@ class GRU4Rec(nn.Module):
         if state is not None:
             state.t["h"].copy_(hn)
             state.commit()
-        return self.out(self.dropout(out))
+        return self.norm(self.dropout(out))
 
     def forward(self, items: torch.Tensor, state=None):
         return self.hidden(items, state) @ self.item_emb.weight.t(), state

@@ -28,7 +28,7 @@ class FitConfig:
     loss: str = "ce"
     lr: float = 1e-3
     weight_decay: float = 0.0
-    batch_size: int = 128
+    batch_size: int = 32  # training windows per step; 32 beat 64 and 128 on ML-100K validation NDCG@10 (more steps)
     max_epochs: int = 200
     patience: int = 10
     max_train_s: float | None = None  # stop once this much training time is spent (None: no cap)
