@@ -31,7 +31,8 @@ def add_recsys_command(sub) -> None:
     p = sub.add_parser("recsys", help="next-item recommendation: sasrec vs gru4rec, markov and pop, on ML-100K, "
                                       "a file or synthetic histories")
     p.add_argument("--data", default="synthetic",
-                   help="ml-100k (fetched once from the package registry), synthetic (default), or a path: RecBole "
+                   help="ml-100k (fetched once from the package registry), synthetic (default) or synthetic:long-range / "
+                        "synthetic:habits, or a path: RecBole "
                         ".inter, MovieLens ratings.dat / u.data / ratings.csv, or a user,item,timestamp .csv")
     p.add_argument("--models", default="sasrec,gru4rec,markov,pop", help="comma-separated, from sasrec,gru4rec,markov,pop")
     p.add_argument("--seeds", type=int, default=3, help="seeds per neural model (markov and pop are deterministic)")

@@ -13,7 +13,7 @@ from attnlab.errors import DataError
 from attnlab.recsys.metrics import K, N_NEGATIVES, PROTOCOLS, ndcg, summarize
 from attnlab.recsys.models import MODELS, NEURAL, build
 from attnlab.recsys.split import Split, leave_one_out
-from attnlab.recsys.synthetic import SyntheticConfig, generate
+from attnlab.recsys.synthetic import SyntheticConfig, generate, preset
 from attnlab.recsys.train import FitConfig, evaluate, fit
 
 # Neural hyperparameters (SASRec paper / RecBole defaults for ML-100K: hidden 64, 2 layers, 2 heads).
@@ -28,13 +28,15 @@ PROTOCOL_NOTE = ("leave-one-out (last item test, second-to-last validation; the 
 
 
 def load_data(spec: str, wheel: Path | None = None, synthetic: SyntheticConfig | None = None) -> Interactions:
-    """'ml-100k' (the RecBole wheel, fetched once), 'synthetic' (the default generator) or a path to a file."""
+    """'ml-100k' (the RecBole wheel, fetched once), 'synthetic' or 'synthetic:PRESET' (synthetic.py), or a path."""
     if spec == "ml-100k":
         from attnlab.recsys.fetch import load_ml100k
 
         return load_ml100k(wheel)
     if spec == "synthetic":
         return generate(synthetic or SyntheticConfig())
+    if spec.startswith("synthetic:"):
+        return generate(preset(spec.split(":", 1)[1]))
     return load_file(spec)
 
 

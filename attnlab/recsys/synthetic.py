@@ -51,6 +51,17 @@ class SyntheticConfig:
         return asdict(self)
 
 
+# Named mixes (``--data synthetic:NAME``): the default; one dominated by long-range tastes; one by habits.
+PRESETS = {"default": {}, "long-range": {"habit": 0.05, "long_range": 0.9},
+           "habits": {"habit": 0.6, "long_range": 0.3}}
+
+
+def preset(name: str) -> SyntheticConfig:
+    if name not in PRESETS:
+        raise DataError(f"synthetic:{name} is not known; choose one of: {', '.join(PRESETS)}")
+    return SyntheticConfig(**PRESETS[name])
+
+
 def _zipf(n: int, s: float) -> np.ndarray:
     p = 1.0 / np.arange(1, n + 1) ** s
     return p / p.sum()
