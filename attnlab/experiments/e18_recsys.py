@@ -19,11 +19,12 @@ THRESHOLD = (f"A difference counts only beyond the seed spread (max - min over s
              "the longest bucket than in the shortest. Otherwise (a difference within the margin, fewer than two "
              "buckets of 30 users) inconclusive.")
 CHANGES: list = []
-EST_S = {"quick": 30, "full": 300}
+EST_S = {"quick": 15, "full": 300}
 BASELINES = ("markov", "gru4rec")
-# quick: small synthetic histories, few epochs, 2 seeds; full: ML-100K if cached, 2 seeds, each run's training capped
-SCALES = {"quick": {"synthetic": dict(n_users=600, n_items=300, n_topics=30, max_len=80), "seeds": 2, "max_len": 50,
-                    "max_epochs": 12, "max_train_s": 6.0},
+# quick: small synthetic histories, 1 seed, 5 s of training per model (a smoke run: the margin is MIN_MARGIN only);
+# full: ML-100K if cached, 2 seeds, each run's training capped at 60 s (early stopping on validation first)
+SCALES = {"quick": {"synthetic": dict(n_users=400, n_items=300, n_topics=30, max_len=80), "seeds": 1, "max_len": 50,
+                    "max_epochs": 12, "max_train_s": 5.0},
           "full": {"synthetic": dict(n_users=1500, n_items=800, n_topics=40, max_len=150), "seeds": 2, "max_len": 50,
                    "max_epochs": 200, "max_train_s": 60.0}}
 
