@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from attnlab.cli_measure import add_measure_commands, warn_if_emulated
+from attnlab.cli_recsys import add_recsys_command
 from attnlab.errors import AttnlabError
 from attnlab.runtime import set_threads
 
@@ -403,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_info)
 
     add_measure_commands(sub)
+    add_recsys_command(sub)
 
     p = sub.add_parser("demo", help="the quick-start job: train the default model and sample from it")
     p.add_argument("--steps", type=int, default=600)

@@ -15,7 +15,7 @@ from serving import chromium
 
 def test_every_claim_is_registered_with_its_prediction():
     exps = registry()
-    assert sorted(exps) == list(range(1, 18))
+    assert sorted(exps) == list(range(1, 19))
     for e in exps.values():
         assert e.claim and e.prediction and e.threshold and e.title
         assert os.path.exists(e.source)

@@ -1,0 +1,280 @@
+"""Sequential recommendation: metrics by hand, the split's protocol, causal masking, the counting baselines, the
+loaders and their errors, the ML-100K path on a wheel-shaped zip, and claim 18's verdicts."""
+import math
+import zipfile
+
+import pytest
+import torch
+
+from attnlab.errors import DataError
+from attnlab.experiments.base import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED
+from attnlab.recsys import metrics
+from attnlab.recsys.data import Interactions, build_interactions, load_file
+from attnlab.recsys.fetch import MEMBERS, download_wheel, load_ml100k
+from attnlab.recsys.models import GRU4Rec, Markov, Pop, SASRec
+from attnlab.recsys.split import leave_one_out, train_windows
+from attnlab.recsys.synthetic import SyntheticConfig, generate
+
+
+# --- metrics ------------------------------------------------------------------------------------------------------
+def test_metrics_by_hand():
+    scores = torch.tensor([[0.0, 0.9, 0.5, 0.1, 0.3],    # target 2: one item above -> rank 1
+                           [0.0, 0.1, 0.2, 0.3, 0.4],    # target 4: rank 0
+                           [0.0, 0.5, 0.5, 0.5, 0.1]])   # target 3 tied with two others -> rank 2 (pessimistic)
+    targets = torch.tensor([2, 4, 3])
+    ranks = metrics.rank_of_target(scores, targets)
+    assert ranks.tolist() == [1, 0, 2]
+    assert metrics.ndcg(ranks, 10).tolist() == pytest.approx([1 / math.log2(3), 1.0, 0.5])
+    assert metrics.hit_rate(ranks, 2).tolist() == [1.0, 1.0, 0.0]
+    assert metrics.ndcg(torch.tensor([10]), 10).item() == 0.0  # rank 10 is the 11th place: outside the top 10
+
+
+def test_exclude_seen_and_protocols():
+    scores = torch.tensor([[0.0, 0.9, 0.8, 0.1, 0.3]])
+    seen = torch.tensor([[1, 0]])  # item 1 seen before; 0 is padding
+    r = metrics.protocol_ranks(scores, torch.tensor([2]), seen, torch.tensor([[3, 4]]))
+    assert r["full"].item() == 1 and r["full_excl_seen"].item() == 0 and r["sampled100"].item() == 0
+    # the target is never excluded, even if seen before
+    assert metrics.exclude_seen(scores, torch.tensor([[2, 1]]), torch.tensor([2]))[0, 2] == 0.8
+
+
+def test_sampled_negatives_never_include_the_target():
+    g = torch.Generator().manual_seed(0)
+    targets = torch.randint(1, 151, (500,), generator=g)
+    neg = metrics.sample_negatives(targets, 150, 100, g)
+    assert neg.shape == (500, 100)
+    assert not (neg == targets[:, None]).any() and not (neg == 0).any()
+    assert all(len(set(row.tolist())) == 100 for row in neg)  # without replacement
+    with pytest.raises(ValueError):
+        metrics.sample_negatives(targets, 100, 100)
+
+
+# --- split --------------------------------------------------------------------------------------------------------
+def _inter(seqs, n_items):
+    return Interactions("t", seqs, n_items, [str(i) for i in range(len(seqs))], [str(i) for i in range(1, n_items + 1)])
+
+
+def test_split_has_no_leakage_and_truncates():
+    data = generate(SyntheticConfig(n_users=60, n_items=80, n_topics=8, max_len=40, seed=3))
+    sp = leave_one_out(data, max_len=7)
+    for u, s in enumerate(data.sequences):
+        assert sp.test.targets[u] == s[-1] and sp.valid.targets[u] == s[-2]
+        n = int(sp.test.lengths[u])
+        assert sp.test.inputs[u, :n].tolist() == s[:-1][-7:]  # test input ends with the validation item
+        assert sp.valid.inputs[u, :int(sp.valid.lengths[u])].tolist() == s[:-2][-7:]
+        assert sp.train_sequences[u] == s[:-2]
+    # every training target appears once, and no window reaches the validation or test position
+    flat = sorted(t for w in sp.train_windows.tolist() for t in w[1:] if t)
+    assert flat == sorted(t for s in data.sequences for t in s[1:-2])
+    assert sp.train_windows.shape[1] == 8
+    assert train_windows([1, 2, 3, 4, 5, 6], 2) == [[4, 5, 6], [2, 3, 4], [1, 2]]
+
+
+def test_timestamp_ties_keep_file_order():
+    rows = [("u", "a", 5.0, 1), ("u", "b", 1.0, 2), ("u", "c", 5.0, 3), ("u", "d", 5.0, 4), ("v", "a", 1, 5)]
+    data = build_interactions(rows, "ties")
+    assert [data.item_ids[i - 1] for i in data.sequences[0]] == ["b", "a", "c", "d"]
+    sp = leave_one_out(data)
+    assert data.item_ids[int(sp.test.targets[0]) - 1] == "d" and data.item_ids[int(sp.valid.targets[0]) - 1] == "c"
+    assert data.dropped_users == 1  # v has one interaction
+
+
+# --- models -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("make", [lambda: SASRec(30, 12, dim=16, n_heads=2), lambda: GRU4Rec(30, dim=16)])
+def test_future_items_never_change_past_scores(make):
+    torch.manual_seed(0)
+    model = make().eval()
+    x = torch.randint(1, 31, (3, 12))
+    y = x.clone()
+    y[:, 7:] = torch.randint(1, 31, (3, 5))
+    with torch.no_grad():
+        a, b = model(x)[0], model(y)[0]
+        assert torch.allclose(a[:, :7], b[:, :7], atol=1e-6) and not torch.allclose(a[:, 7:], b[:, 7:])
+        state = model.new_state(3, 12)  # the contract's stateful path equals the full pass
+        steps = torch.cat([model(x[:, :5], state)[0], model(x[:, 5:], state)[0]], dim=1)
+        assert torch.allclose(steps, a, atol=1e-5)
+        lengths = torch.tensor([12, 5, 1])
+        assert torch.allclose(model.score_last(x, lengths), a[torch.arange(3), lengths - 1], atol=1e-5)
+
+
+def test_sasrec_reuses_the_backbone_blocks():
+    from attnlab.models.backbone import Backbone
+
+    assert isinstance(SASRec(10, 5, dim=8, n_heads=2).backbone, Backbone)
+
+
+def test_markov_equals_counted_transitions():
+    seqs = [[1, 2, 3, 2, 3], [2, 3, 1], [3, 2]]
+    m = Markov(4, seqs, beta=0.5)
+    counts = torch.zeros(5, 5)
+    for s in seqs:
+        for a, b in zip(s, s[1:]):
+            counts[a, b] += 1
+    assert torch.equal(m.counts_from(torch.arange(5)), counts)
+    pop = torch.tensor([0, 2, 4, 4, 0.0])
+    prior = (pop + 1) / (10 + 4)
+    prior[0] = 0
+    want = torch.log((counts[2] + 0.5 * prior) / (counts[2].sum() + 0.5))
+    got = m.score_last(torch.tensor([[3, 2, 0]]), torch.tensor([2]))[0]
+    assert torch.allclose(got, want)
+    assert torch.equal(Pop(4, seqs).counts, pop)
+    logits, state = m(torch.tensor([[1, 2]]))
+    assert logits.shape == (1, 2, 5) and state is None
+
+
+# --- loaders ------------------------------------------------------------------------------------------------------
+FORMATS = {
+    "x.inter": "user_id:token\titem_id:token\trating:float\ttimestamp:float\n" + "".join(
+        f"{u}\t{i}\t3\t{t}\n" for u, i, t in [(1, 10, 3), (1, 11, 1), (1, 12, 2), (2, 10, 1), (2, 12, 2), (2, 13, 3)]),
+    "ratings.dat": "".join(f"{u}::{i}::3::{t}\n" for u, i, t in [(1, 10, 3), (1, 11, 1), (1, 12, 2), (2, 10, 1),
+                                                                  (2, 12, 2), (2, 13, 3)]),
+    "u.data": "".join(f"{u}\t{i}\t3\t{t}\n" for u, i, t in [(1, 10, 3), (1, 11, 1), (1, 12, 2), (2, 10, 1), (2, 12, 2),
+                                                             (2, 13, 3)]),
+    "ratings.csv": "userId,movieId,rating,timestamp\n" + "".join(
+        f"{u},{i},3.5,{t}\n" for u, i, t in [(1, 10, 3), (1, 11, 1), (1, 12, 2), (2, 10, 1), (2, 12, 2), (2, 13, 3)]),
+    "events.csv": "timestamp,user,item\n" + "".join(
+        f"{t},{u},{i}\n" for u, i, t in [(1, 10, 3), (1, 11, 1), (1, 12, 2), (2, 10, 1), (2, 12, 2), (2, 13, 3)]),
+}
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_loaders(tmp_path, name):
+    (tmp_path / name).write_text(FORMATS[name])
+    d = load_file(tmp_path / name)
+    assert d.n_users == 2 and d.n_items == 4
+    assert [[d.item_ids[i - 1] for i in s] for s in d.sequences] == [["11", "12", "10"], ["10", "12", "13"]]
+
+
+BAD = [("missing.inter", None, "no such file"),
+       ("u.data", "1,10,3,5\n", "expected 4 tab-separated columns"),
+       ("ratings.dat", "1::10::3\n", "expected 4 '::'-separated columns"),
+       ("ratings.dat", "1::x10::3::5\n", "item id 'x10' is not an integer"),
+       ("u.data", "1\t10\t3\tyesterday\n", "timestamp 'yesterday' is not a number"),
+       ("x.inter", "user_id\titem_id\n1\t2\n", "not a RecBole typed field"),
+       ("x.inter", "user_id:token\titem_id:token\ttimestamp:float\n1\t2\n", "expected 3 tab-separated columns"),
+       ("x.csv", "a,b,c\n1,2,3\n", "has no column user, item, timestamp"),
+       ("u.data", "1\t10\t3\t5\n1\t11\t3\t6\n2\t10\t3\t5\n", "no user has 3 or more interactions")]
+
+
+@pytest.mark.parametrize("name,text,message", BAD)
+def test_bad_input_names_file_line_and_fix(tmp_path, name, text, message):
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(DataError, match=message) as e:
+        load_file(path)
+    assert str(path) in str(e.value)
+    if text is not None and "no user" not in message:
+        assert "line " in str(e.value) and ";" in str(e.value)  # where, then the fix
+
+
+def test_ml100k_from_a_wheel_shaped_zip(tmp_path, monkeypatch):
+    wheel = tmp_path / "recbole-1.2.1-py3-none-any.whl"
+    rows = "".join(f"{u}\t{i}\t4\t{880000000 + 10 * u + i}\n" for u in range(1, 5) for i in range(1, 6))
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(MEMBERS["ml-100k"], "user_id:token\titem_id:token\trating:float\ttimestamp:float\n" + rows)
+        z.writestr("recbole/__init__.py", "")
+    d = load_ml100k(wheel)
+    assert d.name == "ml-100k" and d.n_users == 4 and d.n_items == 5 and d.n_interactions == 20
+    # the cache path: a wheel already there is used without running pip
+    monkeypatch.setattr("subprocess.run", lambda *a, **k: pytest.fail("pip must not run when the wheel is cached"))
+    assert download_wheel(tmp_path) == wheel
+    with zipfile.ZipFile(tmp_path / "bad.whl", "w") as z:
+        z.writestr("recbole/__init__.py", "")
+    with pytest.raises(DataError, match="has no recbole/dataset_example"):
+        load_ml100k(tmp_path / "bad.whl")
+
+
+def test_unreachable_registry_is_a_clear_error(tmp_path, monkeypatch):
+    import subprocess
+
+    def fake_run(*a, **k):
+        return subprocess.CompletedProcess(a, 1, "", "ERROR: Could not find a version that satisfies the requirement")
+    monkeypatch.setattr("subprocess.run", fake_run)
+    with pytest.raises(DataError, match="Is the package registry reachable"):
+        download_wheel(tmp_path / "empty")
+
+
+def test_synthetic_is_deterministic_and_has_its_knobs():
+    a, b = generate(SyntheticConfig(n_users=20, seed=1)), generate(SyntheticConfig(n_users=20, seed=1))
+    assert a.sequences == b.sequences
+    assert generate(SyntheticConfig(n_users=20, seed=2)).sequences != a.sequences
+    habits = generate(SyntheticConfig(n_users=20, habit=1.0, long_range=0.0))
+    s = habits.sequences[0]
+    assert len({(x, y) for x, y in zip(s, s[1:])}) == len(set(s[:-1]))  # a deterministic successor per item
+    with pytest.raises(DataError):
+        SyntheticConfig(habit=0.6, long_range=0.6)
+
+
+# --- claim 18's verdicts ------------------------------------------------------------------------------------------
+def _e18(sas, markov, gru, lead_short=0.0, lead_long=0.02, users=(100, 100)):
+    """Measurements in e18's shape: overall NDCG@10 per seed, and two buckets where sasrec's lead is as given."""
+    def model(vals, bucket_vals):
+        return {"full": {"ndcg@10": list(vals), "hr@10": list(vals)},
+                "buckets": [{"bucket": b, "lo": lo, "users": u, "ndcg": list(v)}
+                            for (b, lo), u, v in zip((("10-19", 10), ("100-199", 100)), users, bucket_vals)],
+                "train_s": [1.0]}
+    base = [0.05, 0.05]
+    return {"source": "synthetic", "data": {"name": "s"}, "protocol": "p", "seeds": 2, "models": {
+        "sasrec": model(sas, ([b + lead_short for b in base], [b + lead_long for b in base])),
+        "markov": model(markov, (base, base)), "gru4rec": model(gru, (base, base))}}
+
+
+def test_claim_18_verdicts():
+    from attnlab.experiments import e18_recsys as e18
+
+    assert e18.decide(_e18((0.08, 0.081), (0.05, 0.05), (0.06, 0.062))).verdict == SUPPORTED
+    # a baseline ahead beyond the spread: refuted
+    assert e18.decide(_e18((0.05, 0.051), (0.07, 0.07), (0.04, 0.041))).verdict == NOT_SUPPORTED
+    # ahead overall, but the lead shrinks with history length: refuted
+    assert e18.decide(_e18((0.08, 0.081), (0.05, 0.05), (0.06, 0.062), 0.03, 0.0)).verdict == NOT_SUPPORTED
+    # within the seed spread: inconclusive
+    assert e18.decide(_e18((0.05, 0.07), (0.06, 0.06), (0.055, 0.056))).verdict == INCONCLUSIVE
+    # one seed, a difference below the fixed margin: inconclusive
+    d = e18.decide(_e18((0.0610,), (0.0600,), (0.0590,)))
+    assert d.verdict == INCONCLUSIVE and d.reasons
+    # buckets too small to compare: the trend is untested
+    assert e18.decide(_e18((0.08, 0.081), (0.05, 0.05), (0.06, 0.062), users=(5, 100))).verdict == INCONCLUSIVE
+
+
+def test_claim_18_quick_runs(monkeypatch):
+    """The quick scale end to end (synthetic, a few epochs), with a verdict, a table and a plot."""
+    from attnlab.experiments import e18_recsys as e18
+
+    monkeypatch.setitem(e18.SCALES, "quick", {**e18.SCALES["quick"], "seeds": 1, "max_epochs": 1,
+                                              "synthetic": dict(n_users=80, n_items=150, n_topics=10, max_len=30)})
+    out = e18.run("quick", "cpu")
+    assert out.verdict in (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE) and out.plots and out.table
+    assert out.data["source"] == "synthetic"
+
+
+# --- end to end ---------------------------------------------------------------------------------------------------
+def test_sasrec_beats_markov_on_long_range_histories():
+    """Tastes that only the whole history reveals: attention reads it, a first-order chain cannot (a few seconds)."""
+    from attnlab.recsys.run import run_one
+    from attnlab.recsys.train import FitConfig
+
+    data = generate(SyntheticConfig(n_users=200, n_items=150, n_topics=15, min_len=20, max_len=50, habit=0.05,
+                                    long_range=0.9, seed=1))
+    sp = leave_one_out(data, 50)
+    sas = run_one("sasrec", sp, 0, FitConfig(max_epochs=6, patience=6))
+    markov = run_one("markov", sp, 0, FitConfig())
+    assert sas["metrics"]["full"]["ndcg@10"] > markov["metrics"]["full"]["ndcg@10"] + 0.02, (sas["metrics"],
+                                                                                          markov["metrics"])
+
+
+def test_cli_recsys_on_a_file(tmp_path, capsys):
+    import json
+
+    from attnlab.cli import main
+
+    rows = [(u, (u * 7 + k * 3) % 120 + 1, k) for u in range(40) for k in range(6)]
+    (tmp_path / "events.csv").write_text("user,item,timestamp\n" + "".join(f"{u},{i},{t}\n" for u, i, t in rows))
+    assert main(["recsys", "--data", str(tmp_path / "events.csv"), "--models", "markov,pop", "--seeds", "1",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["models"]) == {"markov", "pop"} and "leave-one-out" in out["protocol"]
+    assert set(out["models"]["pop"]["metrics"]) == {"full", "full_excl_seen", "sampled100"}
+    assert main(["recsys", "--data", str(tmp_path / "nope.csv")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["recsys", "--models", "sasrec,foo"]) == 2
