@@ -57,9 +57,9 @@ def _train(pos, task, cfg_t, L, device, seed):
                            lambda step: tuple(t.to(device) for t in task.batch(step)), cfg_t)
 
 
-def _train_job(pos: str, cfg_t: TrainConfig, L: int, seed: int) -> dict:
-    """One run on the CPU, as a worker process runs it (see workers.py): the weights as plain tensors."""
-    model = _train(pos, make_task(cfg_t), cfg_t, L, "cpu", seed)
+def _train_job(pos: str, cfg_t: TrainConfig, L: int, seed: int, device: str) -> dict:
+    """One run, as a worker process runs it (workers.py; CPU only): the weights as plain tensors."""
+    model = _train(pos, make_task(cfg_t), cfg_t, L, device, seed)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -69,8 +69,8 @@ def _trained(jobs: list, cfg_of, L: int, device: str) -> list:
     if workers <= 1:
         return [_train(pos, make_task(cfg_of(seed)), cfg_of(seed), L, device, seed) for pos, seed in jobs]
     models = []
-    for (pos, _), weights in zip(jobs, map_runs(_train_job, [(pos, cfg_of(seed), L, seed) for pos, seed in jobs],
-                                                workers)):
+    runs = [(pos, cfg_of(seed), L, seed, str(device)) for pos, seed in jobs]
+    for (pos, _), weights in zip(jobs, map_runs(_train_job, runs, workers)):
         model = build_model(_model_cfg(pos, L), device)
         model.load_state_dict(weights)
         models.append(model.eval())

@@ -132,9 +132,9 @@ def accuracy(model, setup: Setup, pairs: int, seed: int, device: str, n: int | N
     return {"acc": acc(mask), "near": acc(near), "far": acc(far)}
 
 
-def _train_job(name: str, setup: Setup, lr: float, seed: int) -> dict:
-    """One training run on the CPU, as a worker runs it: the weights come back as plain tensors."""
-    model = train(matched_config(name, setup), setup, lr, seed, "cpu")
+def _train_job(name: str, setup: Setup, lr: float, seed: int, device: str) -> dict:
+    """One training run, as a worker process runs it (workers.py; CPU only): the weights as plain tensors."""
+    model = train(matched_config(name, setup), setup, lr, seed, device)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -143,7 +143,7 @@ def _run_jobs(jobs: list, setup: Setup, device: str, workers: int) -> dict:
     if workers <= 1 or torch.device(device).type != "cpu":
         return {j: train(matched_config(j[0], setup), setup, j[1], j[2], device) for j in jobs}
     out = {}
-    for j, weights in zip(jobs, map_runs(_train_job, [(n, setup, lr, seed) for n, lr, seed in jobs], workers)):
+    for j, weights in zip(jobs, map_runs(_train_job, [(n, setup, lr, seed, str(device)) for n, lr, seed in jobs], workers)):
         model = build_model(matched_config(j[0], setup), device)
         model.load_state_dict(weights)
         out[j] = model.eval()
