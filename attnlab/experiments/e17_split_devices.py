@@ -1,4 +1,6 @@
 """Claim 17: attention can be split across devices; a recurrence cannot."""
+import ctypes
+import ctypes.util
 import os
 import resource
 import time
@@ -32,6 +34,12 @@ CHANGES = [
      "why": "The first measurement ran at load average 4.4 on 2 cores: two busy processes could not get a core "
             "each, so wall time measured the other tenants (0.91x), not the split. The LSTM keeps wall time: only "
             "one of its processes computes at a time."},
+    {"date": "2026-11-30", "what": "method: peak memory is each part's resident high-water mark above its own start",
+     "old": "getrusage's lifetime maximum RSS above the process's baseline; a zero peak passed the memory test",
+     "new": "malloc_trim, then /proc/self/clear_refs 5, then VmHWM - VmRSS; a zero peak is a fault (inconclusive)",
+     "why": ("At quick scale (2,048 tokens) both peaks read 0 MB (start-up had been larger), and 0/0 passed as "
+             "0.00x. Verdict at quick scale before: inconclusive (0.58x time, '0.00x' memory); after: "
+             "inconclusive (0.59x time, 0.88x memory). Thresholds unchanged.")},
 ]
 EST_S = {"quick": 25, "full": 100}
 SETUPS = {"quick": dict(T=2048, H=8, D=128, lstm_dim=256, repeats=3),
@@ -39,21 +47,51 @@ SETUPS = {"quick": dict(T=2048, H=8, D=128, lstm_dim=256, repeats=3),
 ATTN_TIME, ATTN_MEM, LSTM_TIME, NO_SPLIT = 0.75, 0.8, 0.9, 0.9
 
 
-def _max_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports kB
+def _status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak() -> int:
+    """Start a peak-memory window; returns the resident bytes now. Freed heap pages go back to the OS first
+    (malloc_trim) and the kernel's high-water mark is reset (clear_refs 5), so the window's peak is what the
+    work after it holds, not what start-up once touched (getrusage's lifetime maximum read 0 MB for both
+    sides at 2,048 tokens: the import had already been larger)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _status_bytes("VmRSS") or 0
+    except OSError:  # no /proc (not Linux): the lifetime maximum, as before
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _peak_since(base: int) -> int:
+    peak = _status_bytes("VmHWM")
+    return (peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) - base
 
 
 def _rank_work(rank: int, world: int, setup: dict) -> dict:
     """One process of P: the LSTM split in time (a relay of its final state), then ring attention on its share.
 
-    Runs in a fresh process per P, so the max RSS above this process's own baseline is this P's peak."""
+    Runs in a fresh process per P; each part's peak is the resident high-water mark above its own start."""
     import torch.distributed as dist
 
     from attnlab.distributed import ring
 
     T, H, D, dim, repeats = setup["T"], setup["H"], setup["D"], setup["lstm_dim"], setup["repeats"]
     torch.manual_seed(rank)
-    base = _max_rss_bytes()
+    base = _reset_peak()
     lstm = torch.nn.LSTM(dim, dim, batch_first=True)
     x = torch.randn(1, T // world, dim)  # this rank's stretch of the sequence
     lstm_s = []
@@ -70,8 +108,9 @@ def _rank_work(rank: int, world: int, setup: dict) -> dict:
             dist.barrier()
             if r:
                 lstm_s.append(time.perf_counter() - t0)
-    lstm_mem = _max_rss_bytes() - base
+    lstm_mem = _peak_since(base)
     del lstm, x
+    base = _reset_peak()
     Tl = ring.padded_len(T, world) // world
     q = torch.randn(1, H, Tl, D, requires_grad=True)
     k = torch.randn(1, H, Tl, D, requires_grad=True)
@@ -90,7 +129,7 @@ def _rank_work(rank: int, world: int, setup: dict) -> dict:
         q.grad = k.grad = v.grad = None
         del out
     return {"lstm_s": lstm_s, "attn_s": attn_s, "attn_cpu_s": attn_cpu_s, "lstm_peak_bytes": lstm_mem,
-            "attn_peak_bytes": _max_rss_bytes() - base}
+            "attn_peak_bytes": _peak_since(base)}
 
 
 def _traced_depth() -> dict:
@@ -148,7 +187,10 @@ def decide(m: dict) -> Decision:
     attn_slow = mean(attn) - spread(attn) >= NO_SPLIT
     lstm_flat = mean(lstm) - spread(lstm) >= LSTM_TIME
     lstm_split = mean(lstm) + spread(lstm) <= ATTN_TIME
-    if attn_slow or mem > 0.9 or lstm_split:
+    if min(one["attn_peak_bytes"], two["attn_peak_bytes"]) <= 0:
+        ok = None
+        reasons.append("a peak memory read 0 bytes: a measurement fault, inconclusive")
+    elif attn_slow or mem > 0.9 or lstm_split:
         ok = False
     elif attn_fast and mem <= ATTN_MEM and lstm_flat:
         ok = True
