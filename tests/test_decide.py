@@ -208,6 +208,7 @@ def test_e17():
     _check("e17_split_devices", _e17([0.5, 0.55, 0.52], [0.5, 0.52, 0.55]), NOT_SUPPORTED)  # the LSTM did
     _check("e17_split_devices", _e17([0.5, 0.55, 0.52], [1.0, 1.05, 1.1], mem2=0.95), NOT_SUPPORTED)  # memory did not
     _check("e17_split_devices", _e17([0.7, 0.9, 0.8], [1.0, 1.05, 1.1]), INCONCLUSIVE)  # straddles 0.75
+    _check("e17_split_devices", _e17([0.5, 0.55, 0.52], [1.0, 1.05, 1.1], mem2=0.0), INCONCLUSIVE)  # a 0-byte peak: fault
 
 
 def test_every_experiment_is_covered():
