@@ -36,12 +36,7 @@ CHANGES = [
             "absolute bounds on both sides can fail. The transformer had 1 head and the others 4, parameter counts "
             "differed up to 5x, one learning rate, 200 steps: nobody learned MQAR (verdict: inconclusive). Now: the "
             "same heads, parameters within 10%, a sweep, seeds, and the margin must beat the seed spread."},
-    {"date": "2026-11-30", "what": "method: the SSM's step sizes start as Mamba's (Delta log-uniform in [1e-3, 1e-1])",
-     "old": "dt bias zeroed by the model's init: Delta started at softplus(0) = 0.69",
-     "new": "dt bias = softplus^-1(Delta), Delta log-uniform in [1e-3, 1e-1] (Gu & Dao 2023)",
-     "why": ("A baseline fault, found before the full-scale run: with Delta = 0.69 the state decays by exp(-0.69 n) "
-             "a token, and the SSM stayed at chance on MQAR (5% at quick scale, loss at log(values)); with Mamba's "
-             "init it reached 52% / 33% / 24% at 2 / 4 / 8 pairs in 400 steps. Predictions and thresholds unchanged.")},
+    recall.SSM_INIT_CHANGE,  # shared with claim 8: the same trained SSM
 ]
 
 GRADIENT_FAMILIES = {"transformer": {}, "lstm": dict(family="lstm"), "gru": dict(family="gru"), "rnn": dict(family="rnn"),

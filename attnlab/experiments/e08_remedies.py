@@ -34,12 +34,7 @@ CHANGES = [
      "new": THRESHOLD,
      "why": "Exponents came from 2 repeats with no warm-up (block_sparse fitted 0.68, below linear, and passed); "
             "recall was 200 steps at one learning rate, so nobody learned it."},
-    {"date": "2026-11-30", "what": "method: the SSM's step sizes start as Mamba's (Delta log-uniform in [1e-3, 1e-1])",
-     "old": "dt bias zeroed by the model's init: Delta started at softplus(0) = 0.69",
-     "new": "dt bias = softplus^-1(Delta), Delta log-uniform in [1e-3, 1e-1] (Gu & Dao 2023)",
-     "why": ("A baseline fault, found before the full-scale run: with Delta = 0.69 the state decays by exp(-0.69 n) "
-             "a token, and the SSM stayed at chance on MQAR (5% at quick scale, loss at log(values)); with Mamba's "
-             "init it reached 52% / 33% / 24% at 2 / 4 / 8 pairs in 400 steps. Predictions and thresholds unchanged.")},
+    recall.SSM_INIT_CHANGE,  # shared with claim 3: the same trained SSM
 ]
 
 REMEDIES = ("sliding", "block_sparse", "linear", "ssm")
