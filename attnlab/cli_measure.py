@@ -1,4 +1,5 @@
-"""The measuring subcommands: ``cost``, ``trace``, ``bench`` and ``report`` (argparse + a call into the library)."""
+"""The measuring subcommands: ``cost``, ``trace`` and ``bench`` (argparse + a call into the library); ``report``
+lives in cli_report.py."""
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from attnlab.cli_report import add_report_command
 from attnlab.errors import AttnlabError
 from attnlab.runtime import EmulatedDtypeWarning, check_dtype, native_bf16, resolve_device, set_threads
 
@@ -318,116 +320,6 @@ def print_load_table(res: dict) -> None:
             print(f"  {name:14s} " + " ".join(f"{d[k] * 1e3:8.1f}ms" for k in ("p50", "p95", "p99", "max")))
 
 
-DEFAULT_EST_S = 60.0  # an experiment that declares no EST_S and has no earlier run to go by
-
-
-def _estimates(scale: str, only, previous: Path) -> dict[int, float]:
-    """Seconds each chosen claim is expected to take: its time in the last report written to the same folder at the
-    same scale, else the module's EST_S for the scale."""
-    from attnlab.experiments import registry
-
-    before = {}
-    try:
-        old = json.loads(previous.read_text())
-        if old.get("scale") == scale:
-            before = {c["id"]: c["elapsed_s"] for c in old["claims"] if c.get("elapsed_s")}
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return {i: before.get(i) or e.est_s.get(scale, DEFAULT_EST_S) for i, e in sorted(registry().items())
-            if not only or i in only}
-
-
-class ReportProgress:
-    """Progress over the report's estimated seconds, with an ETA. On a terminal, a bar that a thread moves through
-    each claim's estimate while the claim runs (never past it); otherwise one line per claim as it starts, with the
-    estimated time left (the estimates scaled by how the finished claims compared with theirs). Each claim's verdict
-    is printed as it lands."""
-
-    def __init__(self, estimates: dict[int, float], stream=None):
-        self.estimates, self.stream = estimates, stream or sys.stderr
-        self.done_est_s, self.done_s, self.current, self.bar = 0.0, 0.0, None, None
-
-    def __enter__(self):
-        if self.stream.isatty():
-            import threading
-
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=round(sum(self.estimates.values())), unit="s", file=self.stream, mininterval=1.0,
-                            bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed} elapsed, ETA {remaining}")
-            self.stop = threading.Event()
-            self.thread = threading.Thread(target=self._tick, daemon=True)
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.stop.set()
-            self.thread.join()
-            self.bar.close()
-
-    def _tick(self):
-        import time
-
-        while not self.stop.wait(1.0):
-            cur = self.current
-            if cur is not None:
-                est, start = cur
-                self.bar.n = round(self.done_est_s + min(time.perf_counter() - start, 0.95 * est))
-                self.bar.refresh()
-
-    def left_s(self) -> float:
-        """Estimated seconds left for the claims not finished, scaled by actual / estimated so far."""
-        pace = self.done_s / self.done_est_s if self.done_est_s else 1.0
-        return pace * (sum(self.estimates.values()) - self.done_est_s)
-
-    def __call__(self, exp, entry):
-        import time
-
-        est = self.estimates.get(exp.id, DEFAULT_EST_S)
-        if entry is None:
-            self.current = (est, time.perf_counter())
-            if self.bar is not None:
-                self.bar.set_description_str(f"[{exp.id:2d}] {exp.title} (~{est:.0f} s)")
-            else:
-                print(f"[{exp.id:2d}] {exp.title} ... (~{est:.0f} s; ~{self.left_s():.0f} s left in all)",
-                      file=self.stream, flush=True)
-            return
-        self.current = None
-        self.done_est_s += est
-        self.done_s += entry["elapsed_s"]
-        line = f"     {entry['verdict']}: {entry['figure']} ({entry['elapsed_s']:.1f} s)"
-        if self.bar is None:
-            print(line, file=self.stream, flush=True)
-            return
-        self.bar.n = round(self.done_est_s)
-        self.bar.write(f"[{exp.id:2d}] {exp.title}:" + line[4:], file=self.stream)
-        self.bar.refresh()
-
-
-def cmd_report(args) -> int:
-    from attnlab.report import load_results, run_report, write_report
-
-    set_threads(args.threads)
-    if args.from_json:
-        results = load_results(args.from_json)
-    else:
-        only = None
-        if args.only:
-            try:
-                only = [int(x) for x in args.only.split(",") if x.strip()]
-            except ValueError:
-                raise AttnlabError(f"--only {args.only!r} must be claim numbers, e.g. 1,4,10") from None
-        device = resolve_device(args.device)  # no CUDA here: exit 2 now, before any experiment runs
-        with ReportProgress(_estimates(args.scale, only, Path(args.out) / "results.json")) as progress:
-            results = run_report(args.scale, only, device, progress)
-    page = write_report(results, args.out)
-    print(f"{len(results['claims'])} claims -> {page} (and results.json)")
-    for c in results["claims"]:
-        print(f"  {c['id']:2d}. {c['title']:45s} {c['verdict']:14s} {c['figure']}")
-    return 0
-
-
 def add_measure_commands(sub) -> None:
     from attnlab.cost.hardware import ALIASES, NAMES
 
@@ -511,13 +403,4 @@ def add_measure_commands(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the whole summary as JSON")
     p.add_argument("--out", help="also write the summary as JSON to this file")
     p.set_defaults(func=cmd_bench_serve)
-
-    p = sub.add_parser("report", help="run every claim's experiment; write index.html and results.json")
-    p.add_argument("--scale", default="quick", choices=("quick", "full"))
-    p.add_argument("--only", help="claim numbers, e.g. 1,4,10")
-    p.add_argument("--out", default="runs/report")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--from", dest="from_json", help="re-render from a results.json")
-    p.add_argument("--threads", type=int)
-    p.set_defaults(func=cmd_report)
-
+    add_report_command(sub)

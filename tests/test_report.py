@@ -124,7 +124,7 @@ def test_progress_estimates_and_lines(tmp_path):
     import io
     import types
 
-    from attnlab.cli_measure import ReportProgress, _estimates
+    from attnlab.cli_report import ReportProgress, _estimates
 
     exps = registry()
     est = _estimates("quick", [4, 6], tmp_path / "results.json")
