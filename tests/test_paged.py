@@ -179,6 +179,35 @@ def test_growing_in_place_never_evicts_a_cached_prefix():
     assert all(pool.key[b] is not None for b in cached)
 
 
+def test_a_pool_full_of_cached_prefixes_still_gives_a_sequence_a_run_of_blocks():
+    """Once every free block holds a cached prefix (a long-lived server), a new sequence takes a run of them, read
+    as a view, not the oldest blocks scattered over the pool, which would be gathered block by block at every
+    layer of every step; its outputs are those of the contiguous cache."""
+    from attnlab.models.paged import block_key
+
+    model = _model()
+    pool = model.new_pool(n_blocks=12, block_size=4)
+    blocks = [pool.allocate() for _ in range(12)]
+    for b in blocks:
+        pool.register(b, block_key(None, (100 + b,) * 4), (100 + b,) * 4, None)
+    for b in (5, 0, 9, 2, 7, 11, 3, 8, 1, 10, 4, 6):  # freed in scattered order: oldest-first is scattered
+        pool.decref(b)
+    assert pool.free_blocks == 12 and not pool._in_heap
+    prompt = list(range(3, 13))  # 10 tokens: 3 blocks
+    state = model.new_state(0, pool=pool)
+    row = state.add_sequence(prompt)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]), state)[0]
+        for t in (7, 8, 9):  # grow by one token at a time into a fourth block
+            logits = torch.cat([logits, model(torch.tensor([[t]]), state)[0]], 1)
+    table = state.tables[row]
+    assert len(table) == 4 and table == list(range(table[0], table[0] + 4)), table
+    assert isinstance(state._plan[2][0], int)  # the last forward read the row as a view
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt + [7, 8, 9]]))[0]
+    assert torch.allclose(logits, ref, atol=1e-5)
+
+
 def test_a_prefill_budget_spreads_a_burst_of_prompts_over_steps_with_outputs_unchanged():
     """--prefill-budget: a step feeds at most the budget's prompt tokens in all (each prompt being prefilled
     at least one), first come first served; the outputs are those of each prompt alone."""

@@ -70,21 +70,42 @@ class BlockPool:
         return self.bytes_per_block * self.n_blocks
 
     def allocate(self, after: int | None = None) -> int:
-        """A free block: the one right after ``after`` if it is free and has no key (a sequence's blocks stay a
-        run, read as a view instead of copied), else for a sequence's first block (after=-1) the middle of the
-        largest gap of such blocks (room to grow in place; the gap's start when it begins at block 0), else the
-        lowest free block without a key, else the oldest keyed one (its cached prefix is evicted)."""
+        """A free block for a sequence, chosen so that its blocks stay a run (read as a view, not copied):
+
+        - growing (``after`` = the sequence's last block): the next block if it is free and has no key; once no
+          block without a key is left anywhere, the next block even if it holds a cached prefix (some cached
+          block must be evicted then, and this one keeps the run);
+        - a first block (after=-1): the middle of the largest gap of free blocks without a key (room to grow in
+          place; the gap's start when it begins at block 0); if there is no such gap of two or more, the same
+          over every free block, cached ones included;
+        - else the lowest free block without a key, else the oldest cached one (its prefix is evicted).
+
+        Why: in a long-lived server the pool fills with cached prefixes; evicting oldest-first then scatters
+        every new sequence over the pool, and a scattered row's keys are gathered block by block at every layer
+        of every step."""
         b = None
-        if after is not None and after >= 0 and after + 1 in self._in_heap:  # free and without a key
-            b = after + 1
+        if after is not None and after >= 0 and after + 1 < self.n_blocks:
+            nxt = after + 1
+            if nxt in self._in_heap or (nxt in self._cached and not self._in_heap):
+                b = nxt
         elif after == -1:
-            b = self._gap_middle()
+            b = self._gap_middle(self._in_heap)
+            if b is None:
+                b = self._gap_middle(self._in_heap.union(self._cached))
         if b is not None:
-            self._in_heap.discard(b)
+            self._take(b)
         else:
             b = self._pop_free()
         self.ref[b] = 1
         return b
+
+    def _take(self, b: int) -> None:
+        """Take free block b out of the free sets (a cached one loses its key: its prefix is evicted)."""
+        if b in self._in_heap:
+            self._in_heap.discard(b)  # its heap entry stays until popped (lazy)
+        else:
+            del self._cached[b]
+            self.forget(b)
 
     def _pop_free(self) -> int:
         while self._clean:
@@ -99,14 +120,14 @@ class BlockPool:
         raise OutOfBlocks(f"the KV pool's {self.n_blocks} blocks of {self.block_size} tokens are all in use; "
                           "allocate more blocks, or wait for a sequence to finish")
 
-    def _gap_middle(self) -> int | None:
-        """The block in the middle of the longest run of free blocks without a key, or None."""
+    def _gap_middle(self, free) -> int | None:
+        """The block in the middle of the longest run of blocks in ``free``, or None (no run of two or more)."""
         best_start, best_len, start = 0, 0, None
         for i in range(self.n_blocks + 1):
-            free = i < self.n_blocks and i in self._in_heap
-            if free and start is None:
+            inside = i < self.n_blocks and i in free
+            if inside and start is None:
                 start = i
-            elif not free and start is not None:
+            elif not inside and start is not None:
                 if i - start > best_len:
                     best_start, best_len = start, i - start
                 start = None
