@@ -15,10 +15,39 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab import kernels
 from attnlab.errors import AttnlabError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.bfloat16}
 _warned = set()
+_NONE = torch.empty(0)  # "no scale" / "no bias" for the compiled kernel
+
+
+def _time_paths(module, paths: list[str], xs: list[torch.Tensor], probe_calls: int, install=None) -> str:
+    """Set module.path to each of ``paths`` in turn (after ``install(path)`` where given: lays its weights out),
+    time ``probe_calls`` calls at each input (best of each, summed), return the fastest path's name (a path whose
+    kernel is missing here is skipped)."""
+    best, best_s = paths[0], float("inf")
+    for path in paths:
+        total = 0.0
+        try:
+            if install is not None:
+                install(path)
+            module.path = path
+            for x in xs:
+                module(x)
+                module(x)
+                took = []
+                for _ in range(probe_calls):
+                    t = time.perf_counter()
+                    module(x)
+                    took.append(time.perf_counter() - t)
+                total += min(took)
+        except (RuntimeError, AttributeError):
+            continue
+        if total < best_s:
+            best, best_s = path, total
+    return best
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -45,6 +74,10 @@ class DenseLinear(nn.Module):
     that size (on the AMD machine, weights packed for 1 row made a 4-row call 1.54x a 1-row call, packed for
     4 rows 1.16x). Prefill (hundreds of rows) runs on whichever layout was chosen.
 
+    ``lowp`` (bf16 on a CPU, where attnlab's kernel builds: attnlab/kernels): up to kernels.MAX_ROWS rows, the
+    bf16 weight is widened in registers and multiplied in fp32 (torch's one-row bf16 kernels streamed 10-13 GB/s
+    of bf16 on the Sapphire Rapids here, slower than fp32); more rows (prefill) go to F.linear.
+
     ``varying``: the row count changes from call to call (a server's batch grows and shrinks between 1 and
     ``rows``). Only layouts that serve every row count compete (``mkl``'s packed weight serves exactly its
     row count and falls back to a plain product otherwise; ``mv`` serves one row), each timed over 1, rows/4
@@ -61,9 +94,10 @@ class DenseLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
         self.in_features, self.out_features, self.rows = linear.in_features, linear.out_features, rows
         self.weight_bytes = w.numel() * w.element_size()
+        self._bias32 = _NONE if self.bias is None else self.bias.detach().float()  # the kernel adds it in fp32
         builders = self._candidates(w, dtype, rows)
         if varying:
-            builders = {k: b for k, b in builders.items() if k in ("matmul", "onednn")}
+            builders = {k: b for k, b in builders.items() if k in ("matmul", "onednn", "lowp")}
         key = (self.in_features, self.out_features, dtype, rows, self.bias is not None, varying)
         path = self._chosen.get(key)
         if path not in builders:
@@ -80,6 +114,10 @@ class DenseLinear(nn.Module):
             out["mv"] = lambda: self.register_buffer("weight", w, persistent=False)  # oneDNN, measured here)
         if w.device.type != "cpu":
             return out
+        if dtype == torch.bfloat16 and kernels.lowp() is not None:
+            def lowp():
+                self.register_buffer("weight", w, persistent=False)
+            out["lowp"] = lowp
         if torch.backends.mkldnn.is_available() and dtype in (torch.float32, torch.bfloat16):
             def onednn():
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
@@ -95,25 +133,7 @@ class DenseLinear(nn.Module):
         """Install each candidate, time PROBE_CALLS calls at each row count (best of each, summed), keep the
         fastest's name."""
         xs = [torch.randn(n, self.in_features).to(dtype) for n in counts]
-        best, best_s = "matmul", float("inf")
-        for path, build in builders.items():
-            total = 0.0
-            try:
-                build()
-                self.path = path
-                for x in xs:
-                    self(x)
-                    self(x)
-                    took = []
-                    for _ in range(self.PROBE_CALLS):
-                        t = time.perf_counter()
-                        self(x)
-                        took.append(time.perf_counter() - t)
-                    total += min(took)
-            except (RuntimeError, AttributeError):
-                continue  # this kernel is not built into this torch
-            if total < best_s:
-                best, best_s = path, total
+        best = _time_paths(self, list(builders), xs, self.PROBE_CALLS, install=lambda path: builders[path]())
         for name in ("packed", "weight_t", "weight"):
             if hasattr(self, name):
                 delattr(self, name)
@@ -124,6 +144,11 @@ class DenseLinear(nn.Module):
         x2 = x.reshape(-1, shape[-1])  # (B*T, in)
         if self.path == "onednn":
             y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
+        elif self.path == "lowp":
+            if x2.shape[0] <= kernels.MAX_ROWS:
+                y = kernels.lowp().lowp_linear(x2, self.weight, _NONE, self._bias32)
+            else:
+                y = F.linear(x2, self.weight, self.bias)
         elif self.path == "mv":
             if x2.shape[0] == 1:
                 y = torch.mv(self.weight, x2[0])[None]
@@ -148,11 +173,18 @@ def _replace_linears(model: nn.Module, make) -> None:
 
 
 class Int8Linear(nn.Module):
-    """y = (x @ w_q^T) * scale + bias, w_q int8 (out, in), scale (out,)."""
+    """y = (x @ w_q^T) * scale + bias, w_q int8 (out, in), scale (out,).
+
+    Two kernels, the faster at ``rows`` rows kept by measurement (per shape and row count, once per process, as
+    DenseLinear): ``int8pack``, torch's ``_weight_int8pack_mm`` (bf16 activations), and ``lowp``, attnlab's
+    compiled kernel (attnlab/kernels: int8 widened in registers, fp32 arithmetic, up to kernels.MAX_ROWS rows;
+    more rows go to int8pack). Both use the same int8 weights and the same (bf16-rounded) scales."""
 
     CHUNK_ROWS = 8192
+    PROBE_CALLS = 5
+    _chosen: dict = {}  # (in, out, rows, bias, varying) -> path
 
-    def __init__(self, linear: nn.Linear, act_dtype: torch.dtype):
+    def __init__(self, linear: nn.Linear, act_dtype: torch.dtype, rows: int = 1, varying: bool = False):
         super().__init__()
         w = linear.weight.detach().float()
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
@@ -160,11 +192,23 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale.to(act_dtype))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(act_dtype), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self._scale32 = self.scale.float()  # the kernel's fp32 copies of the same (rounded) values
+        self._bias32 = _NONE if self.bias is None else self.bias.detach().float()
         self.path = "int8pack"
+        if self.weight.device.type == "cpu" and kernels.lowp() is not None:
+            key = (self.in_features, self.out_features, rows, self.bias is not None, varying)
+            if key not in self._chosen:
+                counts = sorted({1, max(1, rows // 4), rows}) if varying else [rows]
+                xs = [torch.randn(n, self.in_features).to(act_dtype) for n in counts]
+                self._chosen[key] = _time_paths(self, ["int8pack", "lowp"], xs, self.PROBE_CALLS)
+            self.path = self._chosen[key]
 
     def forward(self, x):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])  # (B*T, in)
+        if self.path == "lowp" and x2.shape[0] <= kernels.MAX_ROWS:
+            y = kernels.lowp().lowp_linear(x2, self.weight, self._scale32, self._bias32)
+            return y.reshape(*shape[:-1], self.out_features)
         try:
             if self.out_features > self.CHUNK_ROWS:  # a wide matrix (the LM head) in row chunks: measured on the
                 # 50257 x 768 head here, 4.7 ms whole, 2.8 ms in 8 chunks (the kernel streams a chunk faster)
@@ -186,12 +230,14 @@ class Int8Linear(nn.Module):
         return self.weight.float() * self.scale.float()[:, None]
 
 
-def quantize_int8(model: nn.Module, act_dtype: torch.dtype = torch.bfloat16) -> nn.Module:
-    """Replace every Linear (projections, MLP, LM head) with Int8Linear; the rest runs in act_dtype."""
+def quantize_int8(model: nn.Module, act_dtype: torch.dtype = torch.bfloat16, rows: int = 1,
+                  varying: bool = False) -> nn.Module:
+    """Replace every Linear (projections, MLP, LM head) with Int8Linear (its kernel chosen for calls of ``rows``
+    rows, as DenseLinear's layout); the rest runs in act_dtype."""
     if getattr(model.cfg, "is_recurrent", False):
         raise AttnlabError("int8 quantization supports the transformer family; use fp32 or bf16 for rnn/lstm/gru")
     model = model.to(act_dtype)
-    _replace_linears(model, lambda lin: Int8Linear(lin, act_dtype))
+    _replace_linears(model, lambda lin: Int8Linear(lin, act_dtype, rows, varying))
     model.precision = "int8"
     return model
 
@@ -209,7 +255,7 @@ def set_precision(model: nn.Module, dtype: str, layout: bool = True, rows: int =
         raise AttnlabError(f"dtype {dtype!r} is not supported; choose one of: {', '.join(DTYPES)}")
     model.eval()
     if dtype == "int8":
-        model = quantize_int8(model)
+        model = quantize_int8(model, rows=rows, varying=varying)
     else:
         model = model.to(DTYPES[dtype])
         if layout and not getattr(model.cfg, "is_recurrent", False):
