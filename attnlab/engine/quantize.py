@@ -74,9 +74,10 @@ class DenseLinear(nn.Module):
     that size (on the AMD machine, weights packed for 1 row made a 4-row call 1.54x a 1-row call, packed for
     4 rows 1.16x). Prefill (hundreds of rows) runs on whichever layout was chosen.
 
-    ``lowp`` (bf16 on a CPU, where attnlab's kernel builds: attnlab/kernels): up to kernels.MAX_ROWS rows, the
-    bf16 weight is widened in registers and multiplied in fp32 (torch's one-row bf16 kernels streamed 10-13 GB/s
-    of bf16 on the Sapphire Rapids here, slower than fp32); more rows (prefill) go to F.linear.
+    ``few_rows`` (fp32 or bf16 on a CPU where attnlab's kernel builds: attnlab/kernels): up to kernels.MAX_ROWS
+    rows, each weight vector is read once for up to 4 rows and a bf16 one widened in registers, all in fp32
+    arithmetic (torch's one-row bf16 kernels streamed 10-13 GB/s of bf16 on the Sapphire Rapids here, slower
+    than fp32, and its fp32 GEMMs at 8 rows 14-19 GB/s against 27-30 at one); more rows (prefill) go to F.linear.
 
     ``varying``: the row count changes from call to call (a server's batch grows and shrinks between 1 and
     ``rows``). Only layouts that serve every row count compete (``mkl``'s packed weight serves exactly its
@@ -97,7 +98,7 @@ class DenseLinear(nn.Module):
         self._bias32 = _NONE if self.bias is None else self.bias.detach().float()  # the kernel adds it in fp32
         builders = self._candidates(w, dtype, rows)
         if varying:
-            builders = {k: b for k, b in builders.items() if k in ("matmul", "onednn", "lowp")}
+            builders = {k: b for k, b in builders.items() if k in ("matmul", "onednn", "few_rows")}
         key = (self.in_features, self.out_features, dtype, rows, self.bias is not None, varying)
         path = self._chosen.get(key)
         if path not in builders:
@@ -114,10 +115,10 @@ class DenseLinear(nn.Module):
             out["mv"] = lambda: self.register_buffer("weight", w, persistent=False)  # oneDNN, measured here)
         if w.device.type != "cpu":
             return out
-        if dtype == torch.bfloat16 and kernels.lowp() is not None:
-            def lowp():
+        if dtype in (torch.float32, torch.bfloat16) and kernels.few_rows() is not None:
+            def few_rows():
                 self.register_buffer("weight", w, persistent=False)
-            out["lowp"] = lowp
+            out["few_rows"] = few_rows
         if torch.backends.mkldnn.is_available() and dtype in (torch.float32, torch.bfloat16):
             def onednn():
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
@@ -144,9 +145,9 @@ class DenseLinear(nn.Module):
         x2 = x.reshape(-1, shape[-1])  # (B*T, in)
         if self.path == "onednn":
             y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
-        elif self.path == "lowp":
+        elif self.path == "few_rows":
             if x2.shape[0] <= kernels.MAX_ROWS:
-                y = kernels.lowp().lowp_linear(x2, self.weight, _NONE, self._bias32)
+                y = kernels.few_rows().linear(x2, self.weight, _NONE, self._bias32)
             else:
                 y = F.linear(x2, self.weight, self.bias)
         elif self.path == "mv":
@@ -176,7 +177,7 @@ class Int8Linear(nn.Module):
     """y = (x @ w_q^T) * scale + bias, w_q int8 (out, in), scale (out,).
 
     Two kernels, the faster at ``rows`` rows kept by measurement (per shape and row count, once per process, as
-    DenseLinear): ``int8pack``, torch's ``_weight_int8pack_mm`` (bf16 activations), and ``lowp``, attnlab's
+    DenseLinear): ``int8pack``, torch's ``_weight_int8pack_mm`` (bf16 activations), and ``few_rows``, attnlab's
     compiled kernel (attnlab/kernels: int8 widened in registers, fp32 arithmetic, up to kernels.MAX_ROWS rows;
     more rows go to int8pack). Both use the same int8 weights and the same (bf16-rounded) scales."""
 
@@ -195,19 +196,19 @@ class Int8Linear(nn.Module):
         self._scale32 = self.scale.float()  # the kernel's fp32 copies of the same (rounded) values
         self._bias32 = _NONE if self.bias is None else self.bias.detach().float()
         self.path = "int8pack"
-        if self.weight.device.type == "cpu" and kernels.lowp() is not None:
+        if self.weight.device.type == "cpu" and kernels.few_rows() is not None:
             key = (self.in_features, self.out_features, rows, self.bias is not None, varying)
             if key not in self._chosen:
                 counts = sorted({1, max(1, rows // 4), rows}) if varying else [rows]
                 xs = [torch.randn(n, self.in_features).to(act_dtype) for n in counts]
-                self._chosen[key] = _time_paths(self, ["int8pack", "lowp"], xs, self.PROBE_CALLS)
+                self._chosen[key] = _time_paths(self, ["int8pack", "few_rows"], xs, self.PROBE_CALLS)
             self.path = self._chosen[key]
 
     def forward(self, x):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])  # (B*T, in)
-        if self.path == "lowp" and x2.shape[0] <= kernels.MAX_ROWS:
-            y = kernels.lowp().lowp_linear(x2, self.weight, self._scale32, self._bias32)
+        if self.path == "few_rows" and x2.shape[0] <= kernels.MAX_ROWS:
+            y = kernels.few_rows().linear(x2, self.weight, self._scale32, self._bias32)
             return y.reshape(*shape[:-1], self.out_features)
         try:
             if self.out_features > self.CHUNK_ROWS:  # a wide matrix (the LM head) in row chunks: measured on the

@@ -1,8 +1,8 @@
 """Kernels attnlab compiles on the machine that runs them (once, cached), with torch's kernels as the fallback.
 
-``lowp()`` returns the compiled module of ``lowp_linear.cpp`` (a few rows times a bf16 or int8 weight, in fp32
-arithmetic: the decode-sized product torch's own kernels stream slowly on the CPUs here), or None where it cannot
-be had: no C++ compiler or Python headers, a failed build, or ``ATTNLAB_KERNELS=0`` (which benchmarks use to time
+``few_rows()`` returns the compiled module of ``few_rows.cpp`` (a few rows times an fp32, bf16 or int8 weight, in
+fp32 arithmetic: the decode-sized product torch's own kernels stream slowly on the CPUs here), or None where it
+cannot be had: no C++ compiler or Python headers, a failed build, or ``ATTNLAB_KERNELS=0`` (which benchmarks use to time
 the fallback side by side). The build (torch.utils.cpp_extension, about 30 s on 2 cores) happens on first use and
 is cached under torch's extension folder, keyed by the source and this CPU's instruction sets (the code is built
 with -march=native, so a build from another CPU is never loaded).
@@ -15,7 +15,7 @@ import sys
 import warnings
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("lowp_linear.cpp")
+SOURCE = Path(__file__).with_name("few_rows.cpp")
 # -ffp-contract=off: the compiler may not fuse a multiply and an add in one place and not in another, so every
 # (row, channel) sum rounds the same way whichever code path (rows in fours, twos, ones) computes it.
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
@@ -39,26 +39,26 @@ def _cpu_key() -> str:
     return hashlib.sha256((model + flags).encode()).hexdigest()[:10]
 
 
-def lowp():
-    """The compiled low-precision linear module, or None (see the module's docstring); warns once on failure."""
+def few_rows():
+    """The compiled few-rows linear module, or None (see the module's docstring); warns once on failure."""
     if not enabled():
         return None
-    if "lowp" in _state:
-        return _state["lowp"]
+    if "few_rows" in _state:
+        return _state["few_rows"]
     mod = None
     try:
         import torch.utils.cpp_extension as ext
 
-        name = f"attnlab_lowp_{_cpu_key()}"
+        name = f"attnlab_few_rows_{_cpu_key()}"
         built = Path(ext._get_build_directory(name, verbose=False)) / f"{name}.so"
         if not built.exists():
-            print("attnlab: building the low-precision decode kernel for this CPU (once, about 30 s)",
+            print("attnlab: building its decode kernel for this CPU (once, about 30 s)",
                   file=sys.stderr, flush=True)
         mod = ext.load(name, [str(SOURCE)], extra_cflags=CFLAGS, verbose=False)
     except Exception as e:  # no compiler, no headers, a build error: torch's kernels instead
-        warnings.warn(f"attnlab could not build its low-precision decode kernel ({type(e).__name__}: "
-                      f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}); bf16/int8 decoding uses torch's "
-                      "kernels, which are slower on some CPUs. Install a C++ compiler (g++) and the Python headers "
+        warnings.warn(f"attnlab could not build its decode kernel ({type(e).__name__}: "
+                      f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}); decoding uses torch's kernels, "
+                      "which are slower on some CPUs. Install a C++ compiler (g++) and the Python headers "
                       "to get it, or set ATTNLAB_KERNELS=0 to silence this.", stacklevel=2)
-    _state["lowp"] = mod
+    _state["few_rows"] = mod
     return mod
