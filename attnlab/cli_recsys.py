@@ -16,7 +16,8 @@ def cmd_recsys(args) -> int:
     threads = set_threads(args.threads)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     fit_cfg = FitConfig(loss=args.loss, lr=args.lr, batch_size=args.batch_size, max_epochs=args.epochs,
-                        patience=args.patience)
+                        patience=args.patience, schedule=args.schedule, warmup_epochs=args.warmup_epochs,
+                        beta2=args.beta2)
     if args.data == "ml-100k" and not args.json:
         print("attnlab recsys: MovieLens-100K from the RecBole 1.2.1 wheel (fetched with pip on first use)",
               file=sys.stderr)
@@ -28,6 +29,8 @@ def cmd_recsys(args) -> int:
 
 
 def add_recsys_command(sub) -> None:
+    from attnlab.recsys.train import SCHEDULES, FitConfig
+
     p = sub.add_parser("recsys", help="next-item recommendation: sasrec vs gru4rec, markov and pop, on ML-100K, "
                                       "a file or synthetic histories")
     p.add_argument("--data", default="synthetic",
@@ -37,12 +40,19 @@ def add_recsys_command(sub) -> None:
     p.add_argument("--models", default="sasrec,gru4rec,markov,pop", help="comma-separated, from sasrec,gru4rec,markov,pop")
     p.add_argument("--seeds", type=int, default=3, help="seeds per neural model (markov and pop are deterministic)")
     p.add_argument("--max-len", type=int, default=50, help="inputs keep each user's last MAX_LEN items")
-    p.add_argument("--epochs", type=int, default=200, help="most epochs; early stopping on validation NDCG@10 first")
-    p.add_argument("--patience", type=int, default=10, help="epochs without a better validation NDCG@10 before stopping")
+    p.add_argument("--epochs", type=int, default=FitConfig.max_epochs,
+                   help="most epochs (a decaying schedule reaches 0 there); early stopping on validation NDCG@10 first")
+    p.add_argument("--patience", type=int, default=FitConfig.patience,
+                   help="epochs without a better validation NDCG@10 before stopping")
     p.add_argument("--loss", default="ce", choices=("ce", "bce"),
                    help="ce: cross-entropy over all items (default); bce: one sampled negative per position")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=32, help="training windows (of up to MAX_LEN items) per step")
+    p.add_argument("--lr", type=float, default=FitConfig.lr, help="peak learning rate")
+    p.add_argument("--schedule", default=FitConfig.schedule, choices=SCHEDULES,
+                   help="learning rate after warm-up: constant, or cosine / linear decay to 0 at the last epoch")
+    p.add_argument("--warmup-epochs", type=float, default=FitConfig.warmup_epochs, help="linear warm-up length")
+    p.add_argument("--beta2", type=float, default=FitConfig.beta2, help="AdamW's second-moment decay")
+    p.add_argument("--batch-size", type=int, default=FitConfig.batch_size,
+                   help="training windows (of up to MAX_LEN items) per step")
     p.add_argument("--threads", type=int)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true")

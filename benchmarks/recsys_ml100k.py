@@ -19,7 +19,7 @@ import time
 
 from attnlab.experiments.base import compare, exceeds
 from attnlab.recsys.run import format_table, run_recsys
-from attnlab.recsys.train import FitConfig
+from attnlab.recsys.train import SCHEDULES, FitConfig
 from common import context, matmul_peak_flops, set_threads, write_json
 
 RECBOLE = {"epoch_s": 240.0, "full_ndcg": 0.064, "full_hr": 0.136, "sampled_ndcg": 0.413, "sampled_hr": 0.702,
@@ -62,14 +62,20 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=FitConfig.batch_size)
-    ap.add_argument("--epochs", type=int, default=FitConfig.max_epochs)
+    ap.add_argument("--epochs", type=int, default=FitConfig.max_epochs, help="epochs (the schedule's length)")
+    ap.add_argument("--lr", type=float, default=FitConfig.lr, help="peak learning rate")
+    ap.add_argument("--schedule", default=FitConfig.schedule, choices=SCHEDULES)
+    ap.add_argument("--warmup-epochs", type=float, default=FitConfig.warmup_epochs)
+    ap.add_argument("--beta2", type=float, default=FitConfig.beta2, help="AdamW's second-moment decay")
     ap.add_argument("--out", default="benchmarks/results/recsys_ml100k.json")
     args = ap.parse_args()
     set_threads(args.threads)
     load_before = os.getloadavg()
     peak = matmul_peak_flops()
     t0 = time.perf_counter()
-    res = run_recsys(args.data, seeds=args.seeds, fit_cfg=FitConfig(batch_size=args.batch_size, max_epochs=args.epochs), progress=True)
+    fit_cfg = FitConfig(batch_size=args.batch_size, max_epochs=args.epochs, lr=args.lr, schedule=args.schedule,
+                        warmup_epochs=args.warmup_epochs, beta2=args.beta2)
+    res = run_recsys(args.data, seeds=args.seeds, fit_cfg=fit_cfg, progress=True)
     wall = time.perf_counter() - t0
     res["goals"] = goals(res) if "sasrec" in res["models"] and args.data == "ml-100k" else {}  # anchors: ML-100K
     for m in res["models"].values():  # keep the learning curves, drop nothing else

@@ -103,6 +103,37 @@ def test_sasrec_reuses_the_backbone_blocks():
     assert isinstance(SASRec(10, 5, dim=8, n_heads=2).backbone, Backbone)
 
 
+def test_ce_loss_skips_padding_without_changing_its_value():
+    """The loss scores only real positions; its value is the full-logits cross-entropy with padding ignored."""
+    import torch.nn.functional as F
+
+    from attnlab.recsys.train import FitConfig, _loss
+
+    torch.manual_seed(0)
+    model = SASRec(20, max_len=6, dim=16, n_layers=1, n_heads=2, dropout=0.0)
+    windows = torch.tensor([[3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 0, 0, 0, 0]])  # the second row is right-padded
+    logits, _ = model(windows[:, :-1])  # (B, T, V)
+    full = F.cross_entropy(logits.reshape(-1, 21), windows[:, 1:].reshape(-1), ignore_index=0)
+    got = _loss(model, windows, FitConfig(), 20, torch.Generator())
+    assert got.item() == pytest.approx(full.item(), rel=1e-5)
+
+
+def test_lr_schedule_warms_up_then_decays_to_zero():
+    from attnlab.recsys.train import FitConfig, lr_factor
+
+    cos = FitConfig(max_epochs=4, warmup_epochs=1, schedule="cosine")
+    f = [lr_factor(s, 10, cos) for s in range(40)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)  # linear warm-up over the first epoch's 10 steps
+    assert f[10] == pytest.approx(1.0) and all(a >= b for a, b in zip(f[10:], f[11:])) and f[-1] < 0.01
+    lin = FitConfig(max_epochs=4, schedule="linear")
+    assert lr_factor(20, 10, lin) == pytest.approx(0.5) and lr_factor(39, 10, lin) == pytest.approx(1 / 40)
+    assert {lr_factor(s, 10, FitConfig(max_epochs=4)) for s in range(40)} == {1.0}  # constant, no warm-up
+    with pytest.raises(ValueError, match="schedule"):
+        FitConfig(schedule="step")
+    with pytest.raises(ValueError, match="warmup_epochs"):
+        FitConfig(max_epochs=2, warmup_epochs=2)
+
+
 def test_markov_equals_counted_transitions():
     seqs = [[1, 2, 3, 2, 3], [2, 3, 1], [3, 2]]
     m = Markov(4, seqs, beta=0.5)
