@@ -8,8 +8,8 @@ import torch
 from attnlab import kernels
 from attnlab.engine.quantize import DenseLinear, Int8Linear
 
-few_rows = kernels.few_rows()
-needs_kernel = pytest.mark.skipif(few_rows is None, reason="no C++ compiler or Python headers here: the kernel cannot build")
+native = kernels.native()
+needs_kernel = pytest.mark.skipif(native is None, reason="no C++ compiler or Python headers here: the kernel cannot build")
 NONE = torch.empty(0)
 
 
@@ -24,18 +24,18 @@ def test_few_rows_linear_matches_fp32_arithmetic_and_a_batch_equals_each_row_alo
     bias = torch.randn(n, generator=g)
     for m in (1, 2, 3, 5, 8, 16):
         x = torch.randn(m, k, generator=g)
-        y = few_rows.linear(x, wb, NONE, NONE)
+        y = native.linear(x, wb, NONE, NONE)
         torch.testing.assert_close(y, x @ wb.float().t(), atol=1e-4, rtol=1e-4)
-        y32 = few_rows.linear(x, w, NONE, bias)
+        y32 = native.linear(x, w, NONE, bias)
         torch.testing.assert_close(y32, x @ w.t() + bias, atol=1e-4, rtol=1e-4)
-        assert torch.equal(y32, torch.cat([few_rows.linear(x[i:i + 1], w, NONE, bias) for i in range(m)]))
-        yq = few_rows.linear(x, q, scale, bias)
+        assert torch.equal(y32, torch.cat([native.linear(x[i:i + 1], w, NONE, bias) for i in range(m)]))
+        yq = native.linear(x, q, scale, bias)
         torch.testing.assert_close(yq, x @ (q.float() * scale[:, None]).t() + bias, atol=1e-4, rtol=1e-4)
         # every (row, channel) is the same sum in the same order, whatever rows share the call (rows go 4, 2, 1)
-        assert torch.equal(y, torch.cat([few_rows.linear(x[i:i + 1], wb, NONE, NONE) for i in range(m)]))
-        assert torch.equal(yq, torch.cat([few_rows.linear(x[i:i + 1], q, scale, bias) for i in range(m)]))
+        assert torch.equal(y, torch.cat([native.linear(x[i:i + 1], wb, NONE, NONE) for i in range(m)]))
+        assert torch.equal(yq, torch.cat([native.linear(x[i:i + 1], q, scale, bias) for i in range(m)]))
     xb = torch.randn(3, k, generator=g).to(torch.bfloat16)  # bf16 activations in, bf16 out (rounded once)
-    yb = few_rows.linear(xb, wb, NONE, NONE)
+    yb = native.linear(xb, wb, NONE, NONE)
     assert yb.dtype == torch.bfloat16
     torch.testing.assert_close(yb, (xb.float() @ wb.float().t()).to(torch.bfloat16), atol=0, rtol=2 ** -7)
 
@@ -43,11 +43,11 @@ def test_few_rows_linear_matches_fp32_arithmetic_and_a_batch_equals_each_row_alo
 @needs_kernel
 def test_few_rows_linear_refuses_what_it_cannot_compute():
     with pytest.raises(RuntimeError, match="x \\(M, K\\) and w \\(N, K\\)"):
-        few_rows.linear(torch.randn(2, 8), torch.randn(4, 9).to(torch.bfloat16), NONE, NONE)
+        native.linear(torch.randn(2, 8), torch.randn(4, 9).to(torch.bfloat16), NONE, NONE)
     with pytest.raises(RuntimeError, match="fp32, bf16 or int8"):
-        few_rows.linear(torch.randn(2, 8), torch.randn(4, 8).half(), NONE, NONE)
+        native.linear(torch.randn(2, 8), torch.randn(4, 8).half(), NONE, NONE)
     with pytest.raises(RuntimeError, match="one entry per output channel"):
-        few_rows.linear(torch.randn(2, 8), torch.randn(4, 8).to(torch.bfloat16), torch.ones(3), NONE)
+        native.linear(torch.randn(2, 8), torch.randn(4, 8).to(torch.bfloat16), torch.ones(3), NONE)
 
 
 @needs_kernel
@@ -71,10 +71,79 @@ def test_linears_on_the_kernel_give_the_library_paths_results(bias, monkeypatch)
 def test_attnlab_kernels_0_falls_back_to_torch_kernels():
     """ATTNLAB_KERNELS=0 (the benchmarks' other side): nothing is built or loaded, bf16/int8 still run."""
     code = ("import torch; from attnlab import kernels; from attnlab.engine.quantize import Int8Linear, DenseLinear;"
-            "assert kernels.few_rows() is None; lin = torch.nn.Linear(32, 16);"
+            "assert kernels.native() is None; lin = torch.nn.Linear(32, 16);"
             "q = Int8Linear(lin, torch.bfloat16); d = DenseLinear(lin, torch.bfloat16);"
             "assert q.path == 'int8pack' and d.path != 'few_rows', (q.path, d.path);"
             "x = torch.randn(2, 32).bfloat16(); q(x); d(x); print('ok')")
     out = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "ATTNLAB_KERNELS": "0"},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads, kv_heads, d", [(4, 4, 64), (6, 2, 24), (2, 1, 5)])  # GQA; D not a multiple of the lanes
+def test_decode_attention_equals_sdpa_over_each_rows_keys_contiguous_and_paged(heads, kv_heads, d):
+    g = torch.Generator().manual_seed(heads * d)
+    lens = [1, 17, 40, 0, 33]  # a row with no keys gets zeros
+    B, max_len = len(lens), 48
+    q = torch.randn(B, heads, d, generator=g)
+    k = torch.randn(B, kv_heads, max_len, d, generator=g)
+    v = torch.randn(B, kv_heads, max_len, d, generator=g)
+    scale = d ** -0.5
+    ref = torch.zeros(B, heads, d)
+    for b, n in enumerate(lens):
+        if n:
+            ref[b] = torch.nn.functional.scaled_dot_product_attention(
+                q[b:b + 1, :, None], k[b:b + 1, :, :n], v[b:b + 1, :, :n], scale=scale, enable_gqa=True)[0, :, 0]
+    lens_t = torch.tensor(lens)
+    got = native.decode_attention(q, k, v, *k.stride()[:3], torch.empty(0, dtype=torch.long), 0, lens_t, kv_heads, scale)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    # the same keys in a pool of 8-token blocks, scattered, read through block tables
+    bs, n_blocks = 8, B * max_len // 8
+    perm = torch.randperm(n_blocks, generator=g)
+    pk, pv = torch.zeros(kv_heads, n_blocks * bs, d), torch.zeros(kv_heads, n_blocks * bs, d)
+    tables = perm.view(B, max_len // bs)
+    for b in range(B):
+        for i in range(max_len // bs):
+            blk = int(tables[b, i])
+            pk[:, blk * bs:(blk + 1) * bs] = k[b, :, i * bs:(i + 1) * bs]
+            pv[:, blk * bs:(blk + 1) * bs] = v[b, :, i * bs:(i + 1) * bs]
+    paged = native.decode_attention(q, pk, pv, 0, pk.stride(0), pk.stride(1), tables.contiguous(), bs, lens_t,
+                                    kv_heads, scale)
+    assert torch.equal(paged, got)  # the same sums whichever way the keys are found
+    alone = torch.cat([native.decode_attention(q[b:b + 1].contiguous(), k[b:b + 1], v[b:b + 1], *k.stride()[:3],
+                                               torch.empty(0, dtype=torch.long), 0, lens_t[b:b + 1], kv_heads, scale)
+                       for b in range(B)])
+    assert torch.equal(alone, got)  # a row's result does not depend on the other rows
+
+
+@needs_kernel
+def test_decode_steps_through_the_fused_kernel_match_the_library_kernel(monkeypatch):
+    """A model decoding through its caches (contiguous, ragged, paged) with the fused decode attention gives the
+    logits of the same model with the fused path turned off (SDPA row by row)."""
+    from attnlab.engine.generate import generate
+    from attnlab.models import build_model
+    from attnlab.models import state as state_mod
+    from conftest import tiny
+
+    torch.manual_seed(0)
+    model = build_model(tiny(max_seq_len=128, n_kv_heads=2)).eval()
+    prompts = [list(range(1, 20)), [5, 6, 7], list(range(30, 0, -1))]
+    calls = []
+    real = state_mod.fused_decode
+
+    def counting(*a, **kw):
+        out = real(*a, **kw)
+        calls.append(out is not None)
+        return out
+    monkeypatch.setattr(state_mod, "fused_decode", counting)
+    import attnlab.models.paged as paged_mod
+    monkeypatch.setattr(paged_mod, "fused_decode", counting)
+    fused = [generate(model, prompts, 10, paged=p) for p in (False, True)]
+    assert calls and all(calls)
+    monkeypatch.setattr(kernels, "_state", {"native": None})  # the library kernel only
+    plain = [generate(model, prompts, 10, paged=p) for p in (False, True)]
+    for a, b in zip(fused, plain):
+        assert [c.tokens for c in a.completions] == [c.tokens for c in b.completions]
+        for x, y in zip(a.completions, b.completions):
+            assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-4

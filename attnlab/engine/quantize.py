@@ -115,7 +115,7 @@ class DenseLinear(nn.Module):
             out["mv"] = lambda: self.register_buffer("weight", w, persistent=False)  # oneDNN, measured here)
         if w.device.type != "cpu":
             return out
-        if dtype in (torch.float32, torch.bfloat16) and kernels.few_rows() is not None:
+        if dtype in (torch.float32, torch.bfloat16) and kernels.native() is not None:
             def few_rows():
                 self.register_buffer("weight", w, persistent=False)
             out["few_rows"] = few_rows
@@ -147,7 +147,7 @@ class DenseLinear(nn.Module):
             y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
         elif self.path == "few_rows":
             if x2.shape[0] <= kernels.MAX_ROWS:
-                y = kernels.few_rows().linear(x2, self.weight, _NONE, self._bias32)
+                y = kernels.native().linear(x2, self.weight, _NONE, self._bias32)
             else:
                 y = F.linear(x2, self.weight, self.bias)
         elif self.path == "mv":
@@ -196,7 +196,7 @@ class Int8Linear(nn.Module):
         self._scale32 = self.scale.float()  # the kernel's fp32 copies of the same (rounded) values
         self._bias32 = _NONE if self.bias is None else self.bias.detach().float()
         self.path = "int8pack"
-        if self.weight.device.type == "cpu" and kernels.few_rows() is not None:
+        if self.weight.device.type == "cpu" and kernels.native() is not None:
             key = (self.in_features, self.out_features, rows, self.bias is not None, varying)
             if key not in self._chosen:
                 counts = sorted({1, max(1, rows // 4), rows}) if varying else [rows]
@@ -208,7 +208,7 @@ class Int8Linear(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])  # (B*T, in)
         if self.path == "few_rows" and x2.shape[0] <= kernels.MAX_ROWS:
-            y = kernels.few_rows().linear(x2, self.weight, self._scale32, self._bias32)
+            y = kernels.native().linear(x2, self.weight, self._scale32, self._bias32)
             return y.reshape(*shape[:-1], self.out_features)
         try:
             if self.out_features > self.CHUNK_ROWS:  # a wide matrix (the LM head) in row chunks: measured on the

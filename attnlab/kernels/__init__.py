@@ -1,24 +1,29 @@
 """Kernels attnlab compiles on the machine that runs them (once, cached), with torch's kernels as the fallback.
 
-``few_rows()`` returns the compiled module of ``few_rows.cpp`` (a few rows times an fp32, bf16 or int8 weight, in
-fp32 arithmetic: the decode-sized product torch's own kernels stream slowly on the CPUs here), or None where it
-cannot be had: no C++ compiler or Python headers, a failed build, or ``ATTNLAB_KERNELS=0`` (which benchmarks use to time
-the fallback side by side). The build (torch.utils.cpp_extension, about 30 s on 2 cores) happens on first use and
-is cached under torch's extension folder, keyed by the source and this CPU's instruction sets (the code is built
-with -march=native, so a build from another CPU is never loaded).
+``native()`` returns the compiled module, or None where it cannot be had. It holds ``linear`` (few_rows.cpp: a few
+rows times an fp32, bf16 or int8 weight, in fp32 arithmetic: the decode-sized product torch's own kernels stream
+slowly on the CPUs here) and ``decode_attention`` (decode_attention.cpp: one query per row over each row's own keys,
+contiguous or paged, every row and head in one call). None: no C++ compiler or Python headers, a failed build, or
+``ATTNLAB_KERNELS=0`` (which benchmarks use to time the fallback side by side). The build
+(torch.utils.cpp_extension, under a minute on 2 quiet cores) happens on first use and is cached under torch's
+extension folder, keyed by the sources and this CPU's instruction sets (the code is built with -march=native, so a
+build from another CPU is never loaded).
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("few_rows.cpp")
+SOURCES = [Path(__file__).with_name(n) for n in ("few_rows.cpp", "decode_attention.cpp", "bindings.cpp", "simd.h")]
+BUILT = SOURCES[2]  # the one unit compiled: it includes the others
 # -ffp-contract=off: the compiler may not fuse a multiply and an add in one place and not in another, so every
 # (row, channel) sum rounds the same way whichever code path (rows in fours, twos, ones) computes it.
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
+STALE_LOCK_S = 600  # a build takes about a minute; a lock this old belongs to a build that was killed
 MAX_ROWS = 16  # above this many rows a call is prefill-sized: the library's GEMMs (oneDNN, AMX) win there
 _state: dict = {}
 
@@ -39,26 +44,37 @@ def _cpu_key() -> str:
     return hashlib.sha256((model + flags).encode()).hexdigest()[:10]
 
 
-def few_rows():
-    """The compiled few-rows linear module, or None (see the module's docstring); warns once on failure."""
+def _sources_hash() -> str:
+    """Of every source, the included ones too (torch's own rebuild check sees only the compiled file)."""
+    return hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:12]
+
+
+def native():
+    """The compiled module, or None (see the module's docstring); warns once on failure."""
     if not enabled():
         return None
-    if "few_rows" in _state:
-        return _state["few_rows"]
+    if "native" in _state:
+        return _state["native"]
     mod = None
     try:
         import torch.utils.cpp_extension as ext
 
-        name = f"attnlab_few_rows_{_cpu_key()}"
-        built = Path(ext._get_build_directory(name, verbose=False)) / f"{name}.so"
-        if not built.exists():
-            print("attnlab: building its decode kernel for this CPU (once, about 30 s)",
+        name = f"attnlab_native_{_cpu_key()}_{_sources_hash()}"  # a change of either: a build of its own
+        folder = Path(ext._get_build_directory(name, verbose=False))
+        built = folder / f"{name}.so"
+        lock = folder / "lock"  # torch's build lock: a build killed midway leaves it, and every later one would wait
+        if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:  # on it forever
+            print(f"attnlab: removing a stale kernel build lock ({lock}, from a build that did not finish)",
                   file=sys.stderr, flush=True)
-        mod = ext.load(name, [str(SOURCE)], extra_cflags=CFLAGS, verbose=False)
+            lock.unlink(missing_ok=True)
+        if not built.exists():
+            print("attnlab: building its decode kernels for this CPU (once, about a minute)",
+                  file=sys.stderr, flush=True)
+        mod = ext.load(name, [str(BUILT)], extra_cflags=CFLAGS, verbose=False)
     except Exception as e:  # no compiler, no headers, a build error: torch's kernels instead
-        warnings.warn(f"attnlab could not build its decode kernel ({type(e).__name__}: "
+        warnings.warn(f"attnlab could not build its decode kernels ({type(e).__name__}: "
                       f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}); decoding uses torch's kernels, "
                       "which are slower on some CPUs. Install a C++ compiler (g++) and the Python headers "
                       "to get it, or set ATTNLAB_KERNELS=0 to silence this.", stacklevel=2)
-    _state["few_rows"] = mod
+    _state["native"] = mod
     return mod

@@ -16,6 +16,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "simd.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -25,64 +27,7 @@
 
 namespace {
 
-// One vector of fp32 lanes: 16 with AVX-512, 8 with AVX2+FMA, 1 elsewhere. Intrinsics, because GCC's generic
-// vector code widened int8 lanes one by one and bf16 lanes in two halves (measured: 4x and 2x slower).
-#if defined(__AVX512F__)
-constexpr int VW = 16;
-using vf = __m512;
-inline vf vzero() { return _mm512_setzero_ps(); }
-inline vf load_x(const float* p) { return _mm512_loadu_ps(p); }
-inline vf fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-inline vf load_w(const uint16_t* p) {  // a bf16 is the upper half of an fp32
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-inline vf load_w(const int8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p))); }
-inline vf load_w(const float* p) { return _mm512_loadu_ps(p); }
-inline void store_lanes(float* t, vf v) { _mm512_storeu_ps(t, v); }
-#elif defined(__AVX2__) && defined(__FMA__)
-constexpr int VW = 8;
-using vf = __m256;
-inline vf vzero() { return _mm256_setzero_ps(); }
-inline vf load_x(const float* p) { return _mm256_loadu_ps(p); }
-inline vf fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-inline vf load_w(const uint16_t* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
-}
-inline vf load_w(const int8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))); }
-inline vf load_w(const float* p) { return _mm256_loadu_ps(p); }
-inline void store_lanes(float* t, vf v) { _mm256_storeu_ps(t, v); }
-#else
-constexpr int VW = 1;
-using vf = float;
-inline vf vzero() { return 0.f; }
-inline vf load_x(const float* p) { return *p; }
-inline vf fma(vf a, vf b, vf c) { return std::fma(a, b, c); }
-inline vf load_w(const uint16_t* p) {
-  uint32_t u = uint32_t(*p) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-inline vf load_w(const int8_t* p) { return float(*p); }
-inline vf load_w(const float* p) { return *p; }
-inline void store_lanes(float* t, vf v) { *t = v; }
-#endif
-
-inline float widen(uint16_t v) {
-  uint32_t u = uint32_t(v) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-inline float widen(int8_t v) { return float(v); }
-inline float widen(float v) { return v; }
-inline float lanes_sum(vf v) {  // a fixed order: the result depends on v alone
-  float t[VW];
-  store_lanes(t, v);
-  float s = 0;
-  for (int i = 0; i < VW; i++) s += t[i];
-  return s;
-}
+using namespace attnlab;
 
 constexpr int64_t RB = 4;  // output channels per block: 4 independent sums per row hide the multiply-add latency
 
@@ -164,7 +109,7 @@ void run(const float* x, const W* w, const float* scale, const float* bias, Y* y
 
 // x (M, K) fp32 or bf16; w (N, K) fp32, bf16 or int8, contiguous; scale (N,) fp32 or empty; bias (N,) fp32 or empty.
 // Returns (M, N) in x's dtype.
-torch::Tensor linear(torch::Tensor x, torch::Tensor w, torch::Tensor scale, torch::Tensor bias) {
+torch::Tensor few_rows_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scale, torch::Tensor bias) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "linear: x (M, K) and w (N, K) expected");
   TORCH_CHECK(w.is_contiguous() && x.device().is_cpu(), "linear: a contiguous CPU weight expected");
   const auto xf = x.to(torch::kFloat32).contiguous();
@@ -192,8 +137,4 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, torch::Tensor scale, torc
     else run(xp, wp, sp, bp, y.data_ptr<at::BFloat16>(), M, N, K);
   }
   return y;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "x @ w^T * scale + bias for a few rows, with an fp32, bf16 or int8 weight, in fp32 arithmetic");
 }

@@ -142,6 +142,9 @@ class Attention(nn.Module):
                                kv_len=kv_len, **self.kernel_kwargs)
 
         run.ordered = slopes is not None  # ALiBi's bias needs a ring cache's keys in position order
+        # A cache may answer a decode step (one query per row) with attnlab's fused kernel instead of this one
+        # (state.fused_decode): only for sdpa, which it computes (no bias, default scale), not for a kernel under study.
+        run.decode_scale = self.scale if self.kernel is sdpa_attention and slopes is None else None
         out = run(q, k, v) if state is None else state.attention(self.layer_idx, q, k, v, run)
         out = out.to(x.dtype).transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
         return self.wo(out)

@@ -22,7 +22,7 @@ from collections import OrderedDict
 import torch
 
 from attnlab.errors import AttnlabError
-from attnlab.models.state import Rows, as_positions, per_row_attention
+from attnlab.models.state import Rows, as_positions, fused_decode, per_row_attention
 
 
 class OutOfBlocks(AttnlabError):
@@ -364,6 +364,7 @@ class PagedKVCache(Rows):
             reads.append(t[0] * bs if run else torch.tensor(t, device=dev))
         src = None if self._lengths is None else torch.tensor(write_src, device=dev)
         self._plan = (torch.tensor(write_slots, device=dev), src, reads, ends, n_new)
+        self._tables = None  # the block tables as a tensor, built by the first layer that needs them this step
         return positions
 
     def _trim_tables(self) -> None:
@@ -385,6 +386,14 @@ class PagedKVCache(Rows):
         pk[:, write_slots] = new_k
         pv[:, write_slots] = new_v
         bs = self.block_size
+        if T == 1:  # a decode step: every row's keys read through its block table, none copied
+            if self._tables is None:
+                nb = [-(-e // bs) for e in ends]
+                self._tables = torch.tensor([t[:n] + [0] * (max(nb) - n) for t, n in zip(self.tables, nb)],
+                                            dtype=torch.long)  # (B, max blocks)
+            out = fused_decode(q, pk, pv, (0, pk.stride(0), pk.stride(1)), ends, run, self._tables, bs)
+            if out is not None:
+                return out
 
         def rows_of(pool):
             def keys(b, end):  # (1, Hkv, end, D): a view of a run, else the row's blocks copied in order

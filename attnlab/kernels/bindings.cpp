@@ -1,0 +1,11 @@
+// The Python module of attnlab's compiled kernels: the one translation unit that is built. The kernels' sources
+// are included rather than compiled apart because each compile spends most of its time parsing torch's headers
+// (three units took 2.5 minutes on 2 busy cores; one takes a third of that).
+#include "few_rows.cpp"
+#include "decode_attention.cpp"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &few_rows_linear,
+        "x @ w^T * scale + bias for a few rows, with an fp32, bf16 or int8 weight, in fp32 arithmetic");
+  m.def("decode_attention", &decode_attention, "one query per row over each row's own keys (paged or contiguous)");
+}

@@ -1,0 +1,137 @@
+// Vector helpers shared by attnlab's kernels: one vector of fp32 lanes at the width of the CPU the code is built on.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace attnlab {
+
+// One vector of fp32 lanes: 16 with AVX-512, 8 with AVX2+FMA, 1 elsewhere. Intrinsics, because GCC's generic
+// vector code widened int8 lanes one by one and bf16 lanes in two halves (measured: 4x and 2x slower).
+#if defined(__AVX512F__)
+constexpr int VW = 16;
+using vf = __m512;
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf load_x(const float* p) { return _mm512_loadu_ps(p); }
+inline vf fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf load_w(const uint16_t* p) {  // a bf16 is the upper half of an fp32
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+inline vf load_w(const int8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p))); }
+inline vf load_w(const float* p) { return _mm512_loadu_ps(p); }
+inline void store_lanes(float* t, vf v) { _mm512_storeu_ps(t, v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int VW = 8;
+using vf = __m256;
+inline vf vzero() { return _mm256_setzero_ps(); }
+inline vf load_x(const float* p) { return _mm256_loadu_ps(p); }
+inline vf fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf load_w(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+inline vf load_w(const int8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))); }
+inline vf load_w(const float* p) { return _mm256_loadu_ps(p); }
+inline void store_lanes(float* t, vf v) { _mm256_storeu_ps(t, v); }
+#else
+constexpr int VW = 1;
+using vf = float;
+inline vf vzero() { return 0.f; }
+inline vf load_x(const float* p) { return *p; }
+inline vf fma(vf a, vf b, vf c) { return std::fma(a, b, c); }
+inline vf load_w(const uint16_t* p) {
+  uint32_t u = uint32_t(*p) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline vf load_w(const int8_t* p) { return float(*p); }
+inline vf load_w(const float* p) { return *p; }
+inline void store_lanes(float* t, vf v) { *t = v; }
+#endif
+
+inline float widen(uint16_t v) {
+  uint32_t u = uint32_t(v) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline float widen(int8_t v) { return float(v); }
+inline float widen(float v) { return v; }
+inline float lanes_sum(vf v) {  // a fixed order: the result depends on v alone
+  float t[VW];
+  store_lanes(t, v);
+  float s = 0;
+  for (int i = 0; i < VW; i++) s += t[i];
+  return s;
+}
+
+#if defined(__AVX512F__)
+inline float hsum(vf v) { return _mm512_reduce_add_ps(v); }
+inline vf splat(float a) { return _mm512_set1_ps(a); }
+inline void store_x(float* p, vf v) { _mm512_storeu_ps(p, v); }
+inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline float hmax(vf v) { return _mm512_reduce_max_ps(v); }
+// exp(x) for x <= 0 (softmax after subtracting the maximum): x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor
+// polynomial to r^7/7! (relative error < 2e-7), times 2^n; below -87 the result is 0.
+inline vf vexp(vf x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  vf p = _mm512_set1_ps(1.f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+inline float hsum(vf v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline vf splat(float a) { return _mm256_set1_ps(a); }
+inline void store_x(float* p, vf v) { _mm256_storeu_ps(p, v); }
+inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline float hmax(vf v) {
+  float t[8];
+  _mm256_storeu_ps(t, v);
+  float m = t[0];
+  for (int i = 1; i < 8; i++) m = std::max(m, t[i]);
+  return m;
+}
+inline vf vexp(vf x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+  vf p = _mm256_set1_ps(1.f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));  // n >= -126 here (x >= -87)
+}
+#else
+inline float hsum(vf v) { return v; }
+inline vf splat(float a) { return a; }
+inline void store_x(float* p, vf v) { *p = v; }
+inline vf vmax(vf a, vf b) { return std::max(a, b); }
+inline float hmax(vf v) { return v; }
+inline vf vexp(vf x) { return std::exp(std::max(x, -87.f)); }
+#endif
+
+}  // namespace attnlab
