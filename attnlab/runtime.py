@@ -191,6 +191,12 @@ def code_version() -> dict | None:
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
 
 
+def _kernels_status() -> str:
+    from attnlab import kernels  # here, not at the top: kernels is imported by model code that runtime precedes
+
+    return kernels.status()
+
+
 def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | torch.device = "cpu") -> dict:
     """What every results and benchmark JSON records about where it ran (MEASURING.md, 'Record the context')."""
     device = torch.device(device)
@@ -202,7 +208,7 @@ def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | 
             "onednn_bf16": caps.onednn_bf16, "amx": caps.amx_bf16, "native_bf16": native_bf16(device),
             "gpu": gpu, "device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": sys.version.split()[0], "dtype": dtype, "seed": seed, "command": " ".join(sys.argv),
-            "git": code_version(),
+            "git": code_version(), "attnlab_kernels": _kernels_status(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 

@@ -65,6 +65,9 @@ def round_order(names: list, r: int) -> list:
 
 
 def write_json(path: str | Path, data: dict) -> Path:
+    if isinstance(data.get("context"), dict):  # whether attnlab's compiled kernels ran is known only by now
+        from attnlab import kernels
+        data["context"]["attnlab_kernels"] = kernels.status()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")

@@ -49,6 +49,16 @@ def _sources_hash() -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:12]
 
 
+def status() -> str:
+    """For results JSONs, without building anything: "loaded", "unavailable" (a build failed), "disabled"
+    (ATTNLAB_KERNELS=0) or "not used" (nothing in this process asked for them)."""
+    if not enabled():
+        return "disabled"
+    if "native" not in _state:
+        return "not used"
+    return "loaded" if _state["native"] is not None else "unavailable"
+
+
 def native():
     """The compiled module, or None (see the module's docstring); warns once on failure."""
     if not enabled():
