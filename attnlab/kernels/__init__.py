@@ -22,7 +22,9 @@ SOURCES = [Path(__file__).with_name(n) for n in ("few_rows.cpp", "decode_attenti
 BUILT = SOURCES[2]  # the one unit compiled: it includes the others
 # -ffp-contract=off: the compiler may not fuse a multiply and an add in one place and not in another, so every
 # (row, channel) sum rounds the same way whichever code path (rows in fours, twos, ones) computes it.
-CFLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
+# -fopenmp: at::parallel_for is OpenMP in torch's headers and runs serially without it; torch's own libgomp.so.1 is
+# loaded already, so the extension shares its thread pool (same soname) rather than starting a second one.
+CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 STALE_LOCK_S = 600  # a build takes about a minute; a lock this old belongs to a build that was killed
 MAX_ROWS = 16  # above this many rows a call is prefill-sized: the library's GEMMs (oneDNN, AMX) win there
 _state: dict = {}
@@ -45,8 +47,8 @@ def _cpu_key() -> str:
 
 
 def _sources_hash() -> str:
-    """Of every source, the included ones too (torch's own rebuild check sees only the compiled file)."""
-    return hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:12]
+    """Of every source, the included ones too (torch's own rebuild check sees only the compiled file), and flags."""
+    return hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(CFLAGS).encode()).hexdigest()[:12]
 
 
 def status() -> str:
@@ -80,7 +82,7 @@ def native():
         if not built.exists():
             print("attnlab: building its decode kernels for this CPU (once, about a minute)",
                   file=sys.stderr, flush=True)
-        mod = ext.load(name, [str(BUILT)], extra_cflags=CFLAGS, verbose=False)
+        mod = ext.load(name, [str(BUILT)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # no compiler, no headers, a build error: torch's kernels instead
         warnings.warn(f"attnlab could not build its decode kernels ({type(e).__name__}: "
                       f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}); decoding uses torch's kernels, "

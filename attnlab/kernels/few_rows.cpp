@@ -29,6 +29,7 @@ namespace {
 
 using namespace attnlab;
 
+constexpr int64_t PF_ROWS = 8;  // prefetch distance, in weight rows (measured: 4 and 8 alike, 8 a little ahead)
 constexpr int64_t RB = 4;  // output channels per block: 4 independent sums per row hide the multiply-add latency
 
 // Rows m0..m0+MB-1 of x times channels n..n+RB-1 of w: each weight vector is widened once and used for MB rows.
@@ -42,7 +43,13 @@ inline void block(const float* x, const W* w, int64_t n, int64_t m0, int64_t K, 
   const int64_t Kv = K - K % VW;
   for (int64_t k = 0; k < Kv; k += VW) {
     vf wv[RB];
-    for (int i = 0; i < RB; i++) wv[i] = load_w(wr[i] + k);
+    for (int i = 0; i < RB; i++) {
+      // Ask for the same place PF_ROWS rows on (two blocks ahead, where this thread goes next): without it the
+      // streams ran at 16-20 GB/s here, with it 29-31 (GPT-2 small's 12 layers at one row, 2 threads: bf16
+      // 8.6 -> 5.8 ms, int8 3.8 -> 2.7 ms). A prefetch past the matrix's end is harmless (it never faults).
+      _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + PF_ROWS * K), _MM_HINT_T0);
+      wv[i] = load_w(wr[i] + k);
+    }
     for (int m = 0; m < MB; m++) {
       const vf xv = load_x(x + (m0 + m) * K + k);
       for (int i = 0; i < RB; i++) acc[m][i] = fma(xv, wv[i], acc[m][i]);
