@@ -21,6 +21,13 @@ namespace {
 
 using namespace attnlab;
 
+constexpr int64_t PF_KEYS = 8;  // prefetch distance, in keys
+constexpr int64_t MAX_VECS = 8;  // head sizes up to 8 vectors (128 with AVX-512) keep the output in registers
+
+inline void prefetch_row(const float* p, int64_t D) {  // every 64-byte line of a key or value row
+  for (int64_t i = 0; i < D; i += 16) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+}
+
 inline float dot(const float* a, const float* b, int64_t D) {
   vf acc = vzero();
   const int64_t Dv = D - D % VW;
@@ -77,6 +84,9 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
       s.resize(n + VW);
       float mx = -INFINITY;
       for (int64_t j = 0; j < n; j++) {
+        // A block table's next block can be anywhere: ask for keys PF_KEYS ahead (the prefetcher follows only
+        // a regular stride).
+        if (j + PF_KEYS < n) prefetch_row(rows_k[j + PF_KEYS], D);
         s[j] = dot(qr, rows_k[j], D) * sc;
         mx = std::max(mx, s[j]);
       }
@@ -96,6 +106,19 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
       }
       float* orow = op + (b * H + h) * D;
       const int64_t Dv = D - D % VW;
+      if (D % VW == 0 && D / VW <= MAX_VECS) {  // the usual head sizes: one pass over the values, D in registers
+        vf acc[MAX_VECS];
+        const int64_t nvec = D / VW;
+        for (int64_t c = 0; c < nvec; c++) acc[c] = vzero();
+        for (int64_t j = 0; j < n; j++) {
+          if (j + PF_KEYS < n) prefetch_row(rows_v[j + PF_KEYS], D);
+          const vf p = splat(s[j]);
+          for (int64_t c = 0; c < nvec; c++) acc[c] = fma(p, load_x(rows_v[j] + c * VW), acc[c]);
+        }
+        const vf inv = splat(1.f / sum);
+        for (int64_t c = 0; c < nvec; c++) store_x(orow + c * VW, acc[c] * inv);
+        continue;
+      }
       for (int64_t d = 0; d < Dv; d += VW) {  // out[d..d+VW) = sum_j p_j v_j[d..d+VW)
         vf acc0 = vzero(), acc1 = vzero();
         int64_t j = 0;
