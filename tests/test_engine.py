@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from attnlab import kernels
 from attnlab.data.tokenizers import ByteTokenizer
 from attnlab.engine import SamplingParams, generate
 from attnlab.engine.engine import Engine
@@ -198,7 +199,10 @@ def test_dense_linear_keeps_the_fastest_layout_it_measured(monkeypatch):
     monkeypatch.setattr(DenseLinear, "_chosen", {})
     lin = torch.nn.Linear(256, 384)
     dense = DenseLinear(lin, torch.float32, 2)
-    assert dense.path in ("matmul", "onednn", "mkl", "mv")
+    # 2 rows <= COLD_ROWS: timed with the weights flushed from the caches, where the compiled kernels can flush them;
+    # the packed layouts (opaque, nothing to flush) then do not compete
+    cold = kernels.native() is not None
+    assert dense.path in (("matmul", "mv", "few_rows") if cold else ("matmul", "onednn", "mkl", "mv"))
     assert DenseLinear._chosen[(256, 384, torch.float32, 2, True, False)] == dense.path  # measured once per shape
     assert weight_bytes_of(dense) == 256 * 384 * 4 + 384 * 4  # one dense copy counted, whatever the layout
 
@@ -207,7 +211,7 @@ def test_dense_linear_for_varying_batches_picks_a_layout_valid_at_every_row_coun
     monkeypatch.setattr(DenseLinear, "_chosen", {})
     lin = torch.nn.Linear(256, 384)
     dense = DenseLinear(lin, torch.float32, 16, varying=True)
-    assert dense.path in ("matmul", "onednn")  # mkl's packing serves exactly 16 rows, mv exactly one
+    assert dense.path in ("matmul", "onednn", "few_rows")  # mkl's packing serves exactly 16 rows, mv exactly one
     for m in (1, 3, 16, 40):
         x = torch.randn(m, 256)
         torch.testing.assert_close(dense(x), lin(x), atol=1e-4, rtol=1e-4)

@@ -147,3 +147,134 @@ def test_decode_steps_through_the_fused_kernel_match_the_library_kernel(monkeypa
         assert [c.tokens for c in a.completions] == [c.tokens for c in b.completions]
         for x, y in zip(a.completions, b.completions):
             assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-4
+
+
+def _decode_logits(model, prompts, steps: int, paged: bool = False):
+    """Prefill a ragged batch, then `steps` greedy decode steps; the logits of every step, stacked."""
+    B = len(prompts)
+    state = model.new_state(B, 64, paged=paged, block_size=4)
+    width = max(map(len, prompts))
+    ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
+    with torch.inference_mode():
+        logits, _ = model(ids, state, last_only=True, lengths=torch.tensor([len(p) for p in prompts]))
+        out = [logits[:, -1].float()]
+        for _ in range(steps):
+            logits, _ = model(logits[:, -1].argmax(-1, keepdim=True), state)
+            out.append(logits[:, -1].float())
+    return torch.stack(out)
+
+
+def _count_steps(monkeypatch):
+    from attnlab.models import block_step
+    used = []
+    real = block_step.step
+
+    def counting(*a):
+        out = real(*a)
+        used.append(out is not None)
+        return out
+    monkeypatch.setattr(block_step, "step", counting)
+    return used
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("layout", ["nn.Linear", "few_rows", "matmul"])
+def test_the_compiled_block_step_computes_the_blocks_forward(arch, layout, monkeypatch):
+    """Decode steps through block_step.cpp (norm + qkv; out projection + residual + norm + MLP + residual) give the
+    logits of the blocks' own forward, for GPT-2's block (LayerNorm with bias, GELU, learned positions) and
+    Llama's (RMSNorm, SwiGLU, RoPE, grouped-query), with weights as nn.Linear or DenseLinear in either layout
+    the compiled step reads, on a ragged batch, through the contiguous and the paged cache."""
+    from attnlab.engine.quantize import set_precision
+    from attnlab.models import block_step, build_model
+    from conftest import tiny
+
+    cfg = (tiny(norm="layernorm", mlp="gelu", pos="learned", bias=True, dim=48, n_layers=3) if arch == "gpt2" else
+           tiny(norm="rmsnorm", mlp="swiglu", pos="rope", n_kv_heads=2, dim=48, n_layers=3))
+    model = build_model(cfg).eval()
+    if layout != "nn.Linear":
+        monkeypatch.setattr(DenseLinear, "_chosen", {k: layout for k in [
+            (i, o, torch.float32, 1, b, False) for i, o in ((48, 144), (48, 96), (48, 48), (48, 192), (192, 48),
+                                                             (48, 128), (128, 48), (48, 37)) for b in (False, True)]})
+        set_precision(model, "fp32")
+    prompts = [list(range(1, 12)), [5, 6, 7], list(range(30, 10, -1))]
+    for paged in (False, True):
+        used = _count_steps(monkeypatch)
+        fused = _decode_logits(model, prompts, 6, paged)
+        assert used and all(used), "every decode step of every block went through the compiled step"
+        monkeypatch.setattr(block_step, "ENABLED", False)
+        plain = _decode_logits(model, prompts, 6, paged)
+        monkeypatch.setattr(block_step, "ENABLED", True)
+        torch.testing.assert_close(fused, plain, atol=2e-5, rtol=2e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_the_compiled_block_step_with_narrow_weights_stays_close_to_the_forward(dtype, monkeypatch):
+    """bf16 and int8 weights (bf16 activations, bf16 cache): the compiled step keeps its activations in fp32,
+    so it differs from the forward (which rounds them to bf16) by bf16 rounding only."""
+    from attnlab.engine.quantize import set_precision
+    from attnlab.models import block_step, build_model
+    from conftest import tiny
+
+    model = set_precision(build_model(tiny(norm="rmsnorm", mlp="swiglu", dim=64, n_layers=2)).eval(), dtype)
+    monkeypatch.setattr(DenseLinear, "_chosen", {})
+    prompts = [list(range(1, 12)), [5, 6, 7]]
+    used = _count_steps(monkeypatch)
+    fused = _decode_logits(model, prompts, 4)
+    monkeypatch.setattr(block_step, "ENABLED", False)
+    plain = _decode_logits(model, prompts, 4)
+    if any(used):  # the measured layout may be another kernel's, where the step does not apply
+        assert (fused - plain).abs().max() < 0.05 * plain.abs().max()
+
+
+@needs_kernel
+def test_the_compiled_block_step_stays_out_where_it_does_not_apply(monkeypatch):
+    """ALiBi, a kernel under study, autograd (training) and a prefill-sized call run the blocks' forward."""
+    from attnlab.models import build_model
+    from conftest import tiny
+
+    for cfg in (tiny(pos="alibi"), tiny(kernel="naive")):
+        used = _count_steps(monkeypatch)
+        _decode_logits(build_model(cfg).eval(), [[1, 2, 3]], 2)
+        assert not any(used)
+    model = build_model(tiny()).eval()
+    used = _count_steps(monkeypatch)
+    state = model.new_state(1, 32)
+    model(torch.tensor([[1, 2, 3]]), state)  # autograd on: a training-style call
+    model(torch.tensor([[4]]), state)
+    with torch.inference_mode():
+        model(torch.tensor([list(range(1, 20))]), model.new_state(1, 32))  # 19 rows: prefill-sized
+    assert not any(used)
+
+
+@needs_kernel
+def test_the_compiled_block_step_sees_swapped_modules(monkeypatch):
+    """A block keeps the arguments of its compiled step between steps; replacing one of its Linears (or a
+    parameter) after a step is seen at the next one."""
+    from attnlab.models import block_step, build_model
+    from conftest import tiny
+
+    model = build_model(tiny(dim=32)).eval()
+    _decode_logits(model, [[1, 2, 3]], 1)  # plans kept
+    blk = model.backbone.blocks[0]
+    new = torch.nn.Linear(32, 32, bias=False)
+    blk.attn.wo = new
+    blk.mlp.w2.weight = torch.nn.Parameter(torch.randn_like(blk.mlp.w2.weight))
+    fused = _decode_logits(model, [[1, 2, 3]], 2)
+    monkeypatch.setattr(block_step, "ENABLED", False)
+    torch.testing.assert_close(fused, _decode_logits(model, [[1, 2, 3]], 2), atol=2e-5, rtol=2e-5)
+
+
+@needs_kernel
+def test_decode_attention_reads_a_bf16_cache():
+    g = torch.Generator().manual_seed(3)
+    B, H, Hkv, d, max_len = 3, 4, 2, 64, 40
+    lens = torch.tensor([40, 7, 23])
+    q = torch.randn(B, H, d, generator=g)
+    k = torch.randn(B, Hkv, max_len, d, generator=g).to(torch.bfloat16)
+    v = torch.randn(B, Hkv, max_len, d, generator=g).to(torch.bfloat16)
+    got = native.decode_attention(q, k, v, *k.stride()[:3], torch.empty(0, dtype=torch.long), 0, lens, Hkv, 0.125)
+    want = native.decode_attention(q, k.float(), v.float(), *k.stride()[:3], torch.empty(0, dtype=torch.long), 0, lens,
+                                   Hkv, 0.125)
+    assert torch.equal(got, want)  # widened in registers: the same sums as over the widened cache

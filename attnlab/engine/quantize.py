@@ -17,16 +17,35 @@ from torch import nn
 
 from attnlab import kernels
 from attnlab.errors import AttnlabError
+from attnlab.models import block_step
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.bfloat16}
 _warned = set()
 _NONE = torch.empty(0)  # "no scale" / "no bias" for the compiled kernel
 
 
-def _time_paths(module, paths: list[str], xs: list[torch.Tensor], probe_calls: int, install=None) -> str:
+COLD_ROWS = 4  # up to this many rows a product is bound by its weight's bytes: time it as decode meets it, cold
+
+
+def _evict(module) -> None:
+    """Flush the module's weights from every cache level (where the compiled kernels are here to do it)."""
+    mod = kernels.native()
+    if mod is None:
+        return
+    for t in (*module._parameters.values(), *module._buffers.values(), *(
+            getattr(module, n, None) for n in ("packed", "weight_t"))):
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+            mod.evict(t)
+
+
+def _time_paths(module, paths: list[str], xs: list[torch.Tensor], probe_calls: int, install=None,
+                cold: bool = False) -> str:
     """Set module.path to each of ``paths`` in turn (after ``install(path)`` where given: lays its weights out),
     time ``probe_calls`` calls at each input (best of each, summed), return the fastest path's name (a path whose
-    kernel is missing here is skipped)."""
+    kernel is missing here is skipped). ``cold``: the weights are flushed from the caches before each timed call.
+    Why: decode streams every weight from memory once per token (GPT-2 small's ~0.5 GB does not stay in any
+    cache), and warm timings here picked torch's (in, out) product for two of GPT-2's fp32 matrices, which took
+    15.5 ms a token over all the model's matrices, cold, against 14.8 ms for the compiled kernel everywhere."""
     best, best_s = paths[0], float("inf")
     for path in paths:
         total = 0.0
@@ -39,6 +58,8 @@ def _time_paths(module, paths: list[str], xs: list[torch.Tensor], probe_calls: i
                 module(x)
                 took = []
                 for _ in range(probe_calls):
+                    if cold:
+                        _evict(module)
                     t = time.perf_counter()
                     module(x)
                     took.append(time.perf_counter() - t)
@@ -134,7 +155,13 @@ class DenseLinear(nn.Module):
         """Install each candidate, time PROBE_CALLS calls at each row count (best of each, summed), keep the
         fastest's name."""
         xs = [torch.randn(n, self.in_features).to(dtype) for n in counts]
-        best = _time_paths(self, list(builders), xs, self.PROBE_CALLS, install=lambda path: builders[path]())
+        cold = max(counts) <= COLD_ROWS and kernels.native() is not None
+        if cold:  # oneDNN's and MKL's packed weights are opaque (no storage to flush): they could only be timed
+            # warm, against the others cold; at one row, cold over GPT-2 small's matrices they took 18.0-18.8 ms
+            # a token against 14.8-16.3 ms for the plain layouts
+            builders = {k: b for k, b in builders.items() if k not in ("onednn", "mkl")} or builders
+        best = _time_paths(self, list(builders), xs, self.PROBE_CALLS, install=lambda path: builders[path](),
+                           cold=cold)
         for name in ("packed", "weight_t", "weight"):
             if hasattr(self, name):
                 delattr(self, name)
@@ -171,6 +198,7 @@ def _replace_linears(model: nn.Module, make) -> None:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, make(child))
+    block_step.forget(model)  # a compiled step's kept arguments would hold the replaced weights alive
 
 
 class Int8Linear(nn.Module):
@@ -201,7 +229,8 @@ class Int8Linear(nn.Module):
             if key not in self._chosen:
                 counts = sorted({1, max(1, rows // 4), rows}) if varying else [rows]
                 xs = [torch.randn(n, self.in_features).to(act_dtype) for n in counts]
-                self._chosen[key] = _time_paths(self, ["int8pack", "few_rows"], xs, self.PROBE_CALLS)
+                self._chosen[key] = _time_paths(self, ["int8pack", "few_rows"], xs, self.PROBE_CALLS,
+                                                cold=max(counts) <= COLD_ROWS)
             self.path = self._chosen[key]
 
     def forward(self, x):
@@ -263,10 +292,14 @@ def set_precision(model: nn.Module, dtype: str, layout: bool = True, rows: int =
             _replace_linears(model, lambda lin: DenseLinear(lin, DTYPES[dtype], rows, varying))
     model.precision, model.rows = dtype, rows
     if dtype != "fp32" and next(model.parameters()).device.type == "cpu" and not model.cfg.is_recurrent:
-        # Keep the KV cache in fp32: CPU attention on decode-sized queries runs in fp32 anyway, and a bf16 cache
-        # was widened whole every step (measured here on GPT-2 small: 2.7 ms of a 28 ms bf16 step); an fp32 cache
-        # widens only the new queries. Costs twice the cache memory; new_state(dtype=) overrides it.
-        model.cache_dtype = torch.float32
+        # The KV cache's dtype on a CPU. attnlab's decode attention (kernels/decode_attention.cpp) reads a bf16
+        # cache widening it in registers, so there it stays bf16: half the bytes to hold and to read every step
+        # (GPT-2 small at 512 tokens: 38 -> 19 MB a token). Where that kernel does not run (no compiler, ALiBi,
+        # a kernel under study), torch's attention widened a bf16 cache whole every step (measured here on GPT-2
+        # small: 2.7 ms of a 28 ms bf16 step), so the cache is fp32 and only the new queries are widened.
+        # new_state(dtype=) overrides either choice.
+        fused = model.cfg.kernel == "sdpa" and model.cfg.pos != "alibi" and kernels.native() is not None
+        model.cache_dtype = torch.bfloat16 if fused and DTYPES[dtype] == torch.bfloat16 else torch.float32
     return model
 
 

@@ -2,8 +2,10 @@
 
 ``native()`` returns the compiled module, or None where it cannot be had. It holds ``linear`` (few_rows.cpp: a few
 rows times an fp32, bf16 or int8 weight, in fp32 arithmetic: the decode-sized product torch's own kernels stream
-slowly on the CPUs here) and ``decode_attention`` (decode_attention.cpp: one query per row over each row's own keys,
-contiguous or paged, every row and head in one call). None: no C++ compiler or Python headers, a failed build, or
+slowly on the CPUs here), ``decode_attention`` (decode_attention.cpp: one query per row over each row's own keys,
+contiguous or paged, fp32 or bf16, every row and head in one call), ``block_pre`` / ``block_post``
+(block_step.cpp: a transformer block's decode step in two calls, around the attention) and ``evict`` (flush a
+tensor from the caches, for cold timings). None: no C++ compiler or Python headers, a failed build, or
 ``ATTNLAB_KERNELS=0`` (which benchmarks use to time the fallback side by side). The build
 (torch.utils.cpp_extension, under a minute on 2 quiet cores) happens on first use and is cached under torch's
 extension folder, keyed by the sources and this CPU's instruction sets (the code is built with -march=native, so a
@@ -18,8 +20,9 @@ import time
 import warnings
 from pathlib import Path
 
-SOURCES = [Path(__file__).with_name(n) for n in ("few_rows.cpp", "decode_attention.cpp", "bindings.cpp", "simd.h")]
-BUILT = SOURCES[2]  # the one unit compiled: it includes the others
+SOURCES = [Path(__file__).with_name(n) for n in ("few_rows.cpp", "decode_attention.cpp", "block_step.cpp", "bindings.cpp",
+                                                   "simd.h")]
+BUILT = Path(__file__).with_name("bindings.cpp")  # the one unit compiled: it includes the others
 # -ffp-contract=off: the compiler may not fuse a multiply and an add in one place and not in another, so every
 # (row, channel) sum rounds the same way whichever code path (rows in fours, twos, ones) computes it.
 # -fopenmp: at::parallel_for is OpenMP in torch's headers and runs serially without it; torch's own libgomp.so.1 is
@@ -54,7 +57,7 @@ def _sources_hash() -> str:
 def status() -> str:
     """For results JSONs, without building anything: "loaded", "unavailable" (a build failed), "disabled"
     (ATTNLAB_KERNELS=0) or "not used" (nothing in this process asked for them)."""
-    if not enabled():
+    if not enabled() or _state.get("disabled"):
         return "disabled"
     if "native" not in _state:
         return "not used"
@@ -62,11 +65,14 @@ def status() -> str:
 
 
 def native():
-    """The compiled module, or None (see the module's docstring); warns once on failure."""
-    if not enabled():
-        return None
+    """The compiled module, or None (see the module's docstring); warns once on failure. ATTNLAB_KERNELS is read
+    at the first call (a decode step asks several times a layer; the environment lookup showed in its profile)."""
     if "native" in _state:
         return _state["native"]
+    if not enabled():
+        _state["native"] = None
+        _state["disabled"] = True
+        return None
     mod = None
     try:
         import torch.utils.cpp_extension as ext

@@ -123,9 +123,16 @@ class Attention(nn.Module):
         self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.dim, bias=cfg.bias)
 
     def forward(self, x, positions, pos_enc, state=None):
-        B, T, _ = x.shape
+        out = self.mix(self.wqkv(x), positions, pos_enc, state)
+        return self.wo(out.to(x.dtype))
+
+    def mix(self, qkv, positions, pos_enc, state=None):
+        """The projected q, k, v (B, T, (H + 2 Hkv) D) -> attention's output (B, T, H*D), before the output
+        projection, in the kernel's dtype. Split from forward for the compiled decode step (block_step.py), which
+        projects in and out itself and leaves the attention, and its cache, to this."""
+        B, T, _ = qkv.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        q, k, v = self.wqkv(x).split((H * D, Hkv * D, Hkv * D), dim=-1)
+        q, k, v = qkv.split((H * D, Hkv * D, Hkv * D), dim=-1)
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, Hkv, D).transpose(1, 2)
@@ -146,8 +153,7 @@ class Attention(nn.Module):
         # (state.fused_decode): only for sdpa, which it computes (no bias, default scale), not for a kernel under study.
         run.decode_scale = self.scale if self.kernel is sdpa_attention and slopes is None else None
         out = run(q, k, v) if state is None else state.attention(self.layer_idx, q, k, v, run)
-        out = out.to(x.dtype).transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
-        return self.wo(out)
+        return out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
 
 
 # The other kernels register themselves on import; importing them here keeps the registry complete.

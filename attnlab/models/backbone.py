@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from attnlab.config import ModelConfig
+from attnlab.models import block_step
 from attnlab.models.attention import Attention
 from attnlab.models.layers import MLP, build_norm
 from attnlab.models.linear import LinearAttention
@@ -51,7 +52,11 @@ class Backbone(nn.Module):
         self.norm = build_norm(cfg)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, pos_enc, state=None) -> torch.Tensor:
-        """x (B, T, dim), positions (T,) or (B, T) -> (B, T, dim). ``state`` is read and extended in place."""
+        """x (B, T, dim), positions (T,) or (B, T) -> (B, T, dim). ``state`` is read and extended in place.
+        A decode step (a few rows, no autograd, on a CPU) goes through the compiled block step where a block
+        allows it (block_step.py), else through the block's forward: the same function either way."""
+        compiled = block_step.usable(x, pos_enc, state)
         for block in self.blocks:
-            x = block(x, positions, pos_enc, state)
+            y = block_step.step(block, x, positions, pos_enc, state) if compiled else None
+            x = block(x, positions, pos_enc, state) if y is None else y
         return self.norm(x)

@@ -383,8 +383,8 @@ class PagedKVCache(Rows):
         new_v = v.permute(1, 0, 2, 3).reshape(Hkv, B * T, D)
         if write_src is not None:
             new_k, new_v = new_k[:, write_src], new_v[:, write_src]
-        pk[:, write_slots] = new_k
-        pv[:, write_slots] = new_v
+        pk[:, write_slots] = new_k.to(pk.dtype)  # index_put does not convert (the compiled step's k is fp32)
+        pv[:, write_slots] = new_v.to(pv.dtype)
         bs = self.block_size
         if T == 1:  # a decode step: every row's keys read through its block table, none copied
             if self._tables is None:

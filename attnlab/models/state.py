@@ -113,25 +113,28 @@ class Rows:
         self.pos = self.pos + (self._T if self._lengths is None else self._lengths)
 
 
+_NO_TABLE = torch.empty(0, dtype=torch.long)
+
+
 def fused_decode(q, k_store, v_store, strides: tuple, lens, run, tables=None, block_size: int = 0):
     """A decode step's attention (one new query per row) for every row and head in one call of attnlab's kernel
     (kernels/decode_attention.cpp), reading each row's keys where they lie: row b, head h, position j at
     store + b * strides[0] + h * strides[1] + slot(j) * strides[2], slot(j) = j, or through ``tables`` (B, n) of
     ``block_size``-token blocks. Returns (B, H, 1, D) fp32, or None where it does not apply (another kernel or
-    ALiBi, keys not fp32 on a CPU, more than one query per row, no compiled kernel): the caller attends as before.
+    ALiBi, keys neither fp32 nor bf16 on a CPU, more than one query per row, no compiled kernel): the caller attends as before.
     Why: a ragged batch went row by row through SDPA (8 rows of GPT-2 small: 96 calls a step at 17 GB/s here), and
     a paged row whose blocks are not a run was copied before each call."""
     scale = getattr(run, "decode_scale", None)
-    if scale is None or q.shape[2] != 1 or k_store.dtype != torch.float32 or k_store.device.type != "cpu":
+    if (scale is None or q.shape[2] != 1 or k_store.dtype not in (torch.float32, torch.bfloat16)
+            or k_store.device.type != "cpu"):
         return None
     mod = kernels.native()
     if mod is None:
         return None
     B, H, _, D = q.shape
-    lens = torch.as_tensor(lens, dtype=torch.long)
-    none = torch.empty(0, dtype=torch.long)
+    lens = lens if isinstance(lens, torch.Tensor) else torch.as_tensor(lens, dtype=torch.long)
     out = mod.decode_attention(q.reshape(B, H, D).float().contiguous(), k_store, v_store, *strides,
-                               none if tables is None else tables, block_size, lens, k_store.shape[-3], scale)
+                               _NO_TABLE if tables is None else tables, block_size, lens, k_store.shape[-3], scale)
     return out.view(B, H, 1, D)
 
 
@@ -218,8 +221,10 @@ class KVCache(Rows):
                 raise AttnlabError(f"KV cache full: {end} tokens > max_len {self.max_len}; "
                                    "allocate the state with a larger max_len")
             self._plan = None
+            self._start, self._ends = end - self._T, torch.full((self.batch_size,), end, dtype=torch.long)
             return positions
         need = self.pos + (self._T if self._lengths is None else self._lengths)
+        self._ends = need  # (B,): each row's keys after this forward, for the decode kernel (once a step, not a layer)
         if int(need.max()) > self.max_len:
             raise AttnlabError(f"KV cache full: {int(need.max())} tokens > max_len {self.max_len}; "
                                "allocate the state with a larger max_len")
@@ -235,18 +240,18 @@ class KVCache(Rows):
         T = k.shape[2]
         K, V = self.k[layer], self.v[layer]
         if self._plan is None:
-            start = int(self.pos[0]) if self.batch_size else 0
+            start = self._start
             K[:, :, start:start + T] = k
             V[:, :, start:start + T] = v
-            out = fused_decode(q, K, V, K.stride()[:3], [start + T] * self.batch_size, run) if T == 1 else None
+            out = fused_decode(q, K, V, K.stride()[:3], self._ends, run) if T == 1 else None
             return run(q, K[:, :, :start + T], V[:, :, :start + T]) if out is None else out
         rows, slots, valid, ends, news = self._plan
         B, Hkv, _, D = k.shape
         flat_k = k.transpose(1, 2).reshape(B * T, Hkv, D)[valid]  # (N real tokens, Hkv, D)
         flat_v = v.transpose(1, 2).reshape(B * T, Hkv, D)[valid]
-        K[rows, :, slots] = flat_k
-        V[rows, :, slots] = flat_v
-        out = fused_decode(q, K, V, K.stride()[:3], ends, run) if T == 1 else None
+        K[rows, :, slots] = flat_k.to(K.dtype)  # index_put does not convert (the compiled step's k is fp32)
+        V[rows, :, slots] = flat_v.to(V.dtype)
+        out = fused_decode(q, K, V, K.stride()[:3], self._ends, run) if T == 1 else None
         return per_row_attention(q, K, V, ends, news, run) if out is None else out
 
     def rollback(self, pos) -> None:
