@@ -278,3 +278,19 @@ def test_decode_attention_reads_a_bf16_cache():
     want = native.decode_attention(q, k.float(), v.float(), *k.stride()[:3], torch.empty(0, dtype=torch.long), 0, lens,
                                    Hkv, 0.125)
     assert torch.equal(got, want)  # widened in registers: the same sums as over the widened cache
+
+
+@needs_kernel
+def test_the_compiled_gelu_is_torchs_tanh_gelu_and_stays_out_of_autograd():
+    from attnlab.models.layers import gelu_tanh
+
+    x = torch.randn(300, 1000) * 6
+    x[0, :4] = torch.tensor([0.0, -100.0, 100.0, 1e-7])
+    want = torch.nn.functional.gelu(x, approximate="tanh")
+    with torch.no_grad():
+        got = gelu_tanh(x.clone())
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    leaf = x.clone().requires_grad_()
+    out = gelu_tanh(leaf * 1)  # autograd on: torch's gelu, whose backward exists
+    out.sum().backward()
+    assert leaf.grad is not None and torch.equal(out.detach(), want)

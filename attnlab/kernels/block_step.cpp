@@ -48,35 +48,32 @@ void linear_into(const float* x, int64_t M, int64_t K, const torch::Tensor& w, c
   }
 }
 
-// exp(-|u|) for a vector's worth of u at a time (simd.h's vexp takes arguments <= 0), the tail one by one.
-template <typename F>
-void with_exp_neg_abs(float* a, int64_t n, float k, F&& finish) {
+// GELU, tanh approximation (GPT-2): 0.5 v (1 + tanh(u)), u = sqrt(2/pi) (v + 0.044715 v^3), computed as
+// v / (1 + exp(-2u)) (the same function: 0.5 (1 + tanh(u)) = sigmoid(2u)), the exponent clamped to +-87 (beyond
+// it the result is v or 0 to fp32 precision). A vector at a time; the tail one by one, the same formula.
+inline vf gelu_v(vf v) {
+  const vf u = v + splat(0.044715f) * v * v * v;
+  const vf e = vexp(vmin(vmax(splat(-2.f * 0.7978845608f) * u, splat(-87.f)), splat(87.f)));
+  return v / (splat(1.f) + e);
+}
+
+void gelu_tanh(float* a, int64_t n) {
+  int64_t i = 0;
+  for (; i + VW <= n; i += VW) store_x(a + i, gelu_v(load_x(a + i)));
+  for (; i < n; i++) {
+    const float v = a[i];
+    a[i] = v / (1.f + std::exp(std::min(std::max(-2.f * 0.7978845608f * (v + 0.044715f * v * v * v), -87.f), 87.f)));
+  }
+}
+
+// silu(a) * g (SwiGLU): a / (1 + exp(-a)) * g, the exponent clamped as above.
+void silu_mul(float* a, const float* g, int64_t n) {
   int64_t i = 0;
   for (; i + VW <= n; i += VW) {
-    float e[VW];
-    for (int j = 0; j < VW; j++) e[j] = -k * std::fabs(a[i + j]);
-    store_x(e, vexp(load_x(e)));
-    for (int j = 0; j < VW; j++) a[i + j] = finish(a[i + j], e[j]);
+    const vf v = load_x(a + i);
+    store_x(a + i, v / (splat(1.f) + vexp(vmin(vmax(splat(-1.f) * v, splat(-87.f)), splat(87.f)))) * load_x(g + i));
   }
-  for (; i < n; i++) a[i] = finish(a[i], std::exp(-k * std::fabs(a[i])));
-}
-
-// GELU, tanh approximation (GPT-2): 0.5 v (1 + tanh(u)), u = sqrt(2/pi) (v + 0.044715 v^3), with
-// tanh(u) = sign(u) (1 - e) / (1 + e), e = exp(-2|u|). Vectorised: std::tanh on 3072 values x 12 layers took
-// ~0.5 ms a token here. Absolute error of tanh ~1e-7, added to 1.
-void gelu_tanh(float* a, int64_t n) {
-  const float c = std::sqrt(2.f / float(M_PI));
-  std::vector<float> v(a, a + n);
-  for (int64_t i = 0; i < n; i++) a[i] = c * (v[i] + 0.044715f * v[i] * v[i] * v[i]);  // u
-  with_exp_neg_abs(a, n, 2.f, [](float u, float e) { const float t = (1.f - e) / (1.f + e); return u < 0 ? -t : t; });
-  for (int64_t i = 0; i < n; i++) a[i] = 0.5f * v[i] * (1.f + a[i]);
-}
-
-// silu(a) * g (SwiGLU): sigmoid(a) = 1 / (1 + e) for a >= 0, e / (1 + e) below, e = exp(-|a|).
-void silu_mul(float* a, const float* g, int64_t n) {
-  std::vector<float> v(a, a + n);
-  with_exp_neg_abs(a, n, 1.f, [](float x, float e) { return x >= 0 ? 1.f / (1.f + e) : e / (1.f + e); });
-  for (int64_t i = 0; i < n; i++) a[i] = v[i] * a[i] * g[i];
+  for (; i < n; i++) a[i] = a[i] / (1.f + std::exp(std::min(std::max(-a[i], -87.f), 87.f))) * g[i];
 }
 
 torch::Tensor f32(const torch::Tensor& t) { return t.numel() ? t.to(torch::kFloat32).contiguous() : t; }
@@ -161,4 +158,13 @@ void evict(torch::Tensor t) {
   for (int64_t i = 0; i < n; i += 64) _mm_clflush(p + i);
   _mm_clflush(p + n - 1);
   _mm_mfence();
+}
+
+// GELU (tanh approximation) in place over a contiguous fp32 tensor, in parallel: the prefill's MLP activation.
+// torch's CPU gelu took 25 ms of a 425 ms GPT-2 small prefill of 512 tokens here (1.3 ns an element, 2 threads).
+void gelu_tanh_(torch::Tensor t) {
+  TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.device().is_cpu(),
+              "gelu_tanh_: a contiguous fp32 CPU tensor expected");
+  float* p = t.data_ptr<float>();
+  at::parallel_for(0, t.numel(), 1 << 14, [&](int64_t a, int64_t b) { gelu_tanh(p + a, b - a); });
 }

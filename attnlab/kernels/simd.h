@@ -74,8 +74,9 @@ inline float hsum(vf v) { return _mm512_reduce_add_ps(v); }
 inline vf splat(float a) { return _mm512_set1_ps(a); }
 inline void store_x(float* p, vf v) { _mm512_storeu_ps(p, v); }
 inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
 inline float hmax(vf v) { return _mm512_reduce_max_ps(v); }
-// exp(x) for x <= 0 (softmax after subtracting the maximum): x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor
+// exp(x) for x <= 87 (softmax after subtracting the maximum; sigmoids): x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor
 // polynomial to r^7/7! (relative error < 2e-7), times 2^n; below -87 the result is 0.
 inline vf vexp(vf x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
@@ -102,6 +103,7 @@ inline float hsum(vf v) {
 inline vf splat(float a) { return _mm256_set1_ps(a); }
 inline void store_x(float* p, vf v) { _mm256_storeu_ps(p, v); }
 inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
 inline float hmax(vf v) {
   float t[8];
   _mm256_storeu_ps(t, v);
@@ -130,6 +132,7 @@ inline float hsum(vf v) { return v; }
 inline vf splat(float a) { return a; }
 inline void store_x(float* p, vf v) { *p = v; }
 inline vf vmax(vf a, vf b) { return std::max(a, b); }
+inline vf vmin(vf a, vf b) { return std::min(a, b); }
 inline float hmax(vf v) { return v; }
 inline vf vexp(vf x) { return std::exp(std::max(x, -87.f)); }
 #endif

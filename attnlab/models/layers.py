@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab import kernels
+
 
 class RMSNorm(nn.Module):
     """Zhang & Sennrich 2019: x / rms(x) * w; no mean subtraction, no bias (Llama)."""
@@ -40,4 +42,21 @@ class MLP(nn.Module):
     def forward(self, x):
         if self.gated:
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+        return self.w2(gelu_tanh(self.w1(x)))
+
+
+def gelu_tanh(h: torch.Tensor) -> torch.Tensor:
+    """GELU, tanh approximation. A large fp32 activation outside autograd on a CPU goes through attnlab's compiled
+    GELU, in place (h is the fresh output of a Linear): torch's took 25 ms of a 425 ms GPT-2 small prefill of 512
+    tokens here, 1.3 ns an element; the compiled one is vectorised (the same formula, tanh via exp, absolute error
+    ~1e-7)."""
+    if (h.dtype == torch.float32 and h.device.type == "cpu" and h.numel() >= _GELU_MIN and h.is_contiguous()
+            and not (torch.is_grad_enabled() and h.requires_grad)):
+        mod = kernels.native()
+        if mod is not None:
+            mod.gelu_tanh_(h)
+            return h
+    return F.gelu(h, approximate="tanh")
+
+
+_GELU_MIN = 1 << 16  # below this a decode-sized activation: the call overhead is the cost either way
