@@ -139,14 +139,20 @@ def test_decode_steps_through_the_fused_kernel_match_the_library_kernel(monkeypa
     monkeypatch.setattr(state_mod, "fused_decode", counting)
     import attnlab.models.paged as paged_mod
     monkeypatch.setattr(paged_mod, "fused_decode", counting)
+    used = _count_steps(monkeypatch)
+    whole = [generate(model, prompts, 10, paged=p) for p in (False, True)]  # block_decode: the whole block
+    assert used and all(used)
+    from attnlab.models import block_step
+    monkeypatch.setattr(block_step, "ENABLED", False)  # the blocks' forward, attention by fused_decode
     fused = [generate(model, prompts, 10, paged=p) for p in (False, True)]
     assert calls and all(calls)
     monkeypatch.setattr(kernels, "_state", {"native": None})  # the library kernel only
     plain = [generate(model, prompts, 10, paged=p) for p in (False, True)]
-    for a, b in zip(fused, plain):
-        assert [c.tokens for c in a.completions] == [c.tokens for c in b.completions]
-        for x, y in zip(a.completions, b.completions):
-            assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-4
+    for ours in (whole, fused):
+        for a, b in zip(ours, plain):
+            assert [c.tokens for c in a.completions] == [c.tokens for c in b.completions]
+            for x, y in zip(a.completions, b.completions):
+                assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-4
 
 
 def _decode_logits(model, prompts, steps: int, paged: bool = False):
@@ -198,10 +204,16 @@ def test_the_compiled_block_step_computes_the_blocks_forward(arch, layout, monke
                                                              (48, 128), (128, 48), (48, 37)) for b in (False, True)]})
         set_precision(model, "fp32")
     prompts = [list(range(1, 12)), [5, 6, 7], list(range(30, 10, -1))]
+    from attnlab.models.attention import Attention
+    mixes = []
+    real_mix = Attention.mix
+    monkeypatch.setattr(Attention, "mix", lambda self, *a: mixes.append(1) or real_mix(self, *a))
     for paged in (False, True):
         used = _count_steps(monkeypatch)
+        mixes.clear()
         fused = _decode_logits(model, prompts, 6, paged)
         assert used and all(used), "every decode step of every block went through the compiled step"
+        assert len(mixes) == cfg.n_layers  # the prefill's only: each decode step was one call a block (block_decode)
         monkeypatch.setattr(block_step, "ENABLED", False)
         plain = _decode_logits(model, prompts, 6, paged)
         monkeypatch.setattr(block_step, "ENABLED", True)

@@ -10,6 +10,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x @ w^T * scale + bias for a few rows, with an fp32, bf16 or int8 weight, in fp32 arithmetic");
   m.def("block_pre", &block_pre, "a decode step's norm and q/k/v projection of one pre-norm block");
   m.def("block_post", &block_post, "a decode step's output projection, residual, norm, MLP and residual of one block");
+  m.def("block_decode", &block_decode, "a block's whole decode step: pre, rotary, cache write, attention, post");
   m.def("gelu_tanh_", &gelu_tanh_, "GELU (tanh approximation) in place, fp32");
   m.def("evict", &evict, "flush a tensor's bytes from every cache level");
   m.def("decode_attention", &decode_attention, "one query per row over each row's own keys (paged or contiguous)");

@@ -168,3 +168,90 @@ void gelu_tanh_(torch::Tensor t) {
   float* p = t.data_ptr<float>();
   at::parallel_for(0, t.numel(), 1 << 14, [&](int64_t a, int64_t b) { gelu_tanh(p + a, b - a); });
 }
+
+// A whole decode step of one block in one call: block_pre, then what Attention.mix and the cache do for one new
+// token per row (rotate q and k, write k and v into the cache, attend over each row's keys), then block_post.
+// Why: the Python between the two calls (views, the cache's slice writes, the kernel's argument checks) cost
+// ~70 us a layer here, ~0.9 ms of a GPT-2 small step.
+//
+// x (M, dim): one row per sequence. cos, sin (M, D) fp32 for rotary positions, or empty. The cache: keys and
+// values (fp32 or bf16) of row b, head h, slot s at store + b * stride_b + h * stride_h + s * stride_s; row b's new
+// key goes to slot wslots[b] (a contiguous cache: its position; a paged pool, stride_b = 0: the absolute slot its
+// block table gives), and row b then attends over lens[b] keys, found through tables (B, n) of bs-token blocks
+// where given. Returns the block's output (M, dim) in x's dtype.
+torch::Tensor block_decode(torch::Tensor x, torch::Tensor n1w, torch::Tensor n1b, bool rms1, double eps1,
+                           torch::Tensor wqkv, torch::Tensor sqkv, torch::Tensor bqkv, torch::Tensor cos,
+                           torch::Tensor sin, torch::Tensor k_store, torch::Tensor v_store, int64_t stride_b,
+                           int64_t stride_h, int64_t stride_s, torch::Tensor wslots, torch::Tensor tables, int64_t bs,
+                           torch::Tensor lens, int64_t H, int64_t Hkv, int64_t D, double scale, torch::Tensor wo,
+                           torch::Tensor so, torch::Tensor bo, torch::Tensor n2w, torch::Tensor n2b, bool rms2,
+                           double eps2, torch::Tensor w1, torch::Tensor s1, torch::Tensor b1, torch::Tensor w2,
+                           torch::Tensor s2, torch::Tensor b2, torch::Tensor w3, torch::Tensor s3, torch::Tensor b3) {
+  const auto qkv = block_pre(x, n1w, n1b, rms1, eps1, wqkv, sqkv, bqkv);  // (M, (H + 2 Hkv) D) fp32
+  const int64_t M = qkv.size(0), W = qkv.size(1);
+  TORCH_CHECK(W == (H + 2 * Hkv) * D && H % Hkv == 0, "block_decode: q/k/v width does not match the heads");
+  TORCH_CHECK(wslots.numel() == M && lens.numel() == M && wslots.scalar_type() == torch::kLong &&
+              lens.scalar_type() == torch::kLong, "block_decode: wslots and lens must be (M,) int64");
+  TORCH_CHECK(k_store.scalar_type() == v_store.scalar_type() &&
+              (k_store.scalar_type() == torch::kFloat32 || k_store.scalar_type() == torch::kBFloat16),
+              "block_decode: the cache must be fp32 or bf16");
+  const bool paged = tables.numel() > 0;
+  TORCH_CHECK(!paged || (tables.dim() == 2 && tables.size(0) == M && tables.scalar_type() == torch::kLong && bs > 0),
+              "block_decode: tables must be (M, n) int64 with a block size > 0");
+  const bool rot = cos.numel() > 0;
+  const auto c32 = rot ? cos.to(torch::kFloat32).contiguous() : cos, s32 = rot ? sin.to(torch::kFloat32).contiguous() : sin;
+  TORCH_CHECK(!rot || (c32.numel() == M * D && s32.numel() == M * D), "block_decode: cos, sin must be (M, D)");
+  auto q = torch::empty({M, H, D}, qkv.options());
+  float* qp = q.data_ptr<float>();
+  const float* src = qkv.data_ptr<float>();
+  const int64_t* ws = wslots.data_ptr<int64_t>();
+  const int64_t half = D / 2;
+  std::vector<float> kr(D);
+  // Rotate-half rotary, as positional.apply_rotary: out = x * cos + cat(-x[half:], x[:half]) * sin, the two
+  // products rounded apart and then added (no fused multiply-add), so the rotated q, k equal torch's bit for bit.
+  auto rotate = [&](const float* in, float* out, int64_t b) {
+    if (!rot) {
+      std::copy(in, in + D, out);
+      return;
+    }
+    const float* c = c32.data_ptr<float>() + b * D;
+    const float* s = s32.data_ptr<float>() + b * D;
+    for (int64_t i = 0; i < D; i++) {
+      const float r = i < half ? -in[i + half] : in[i - half];
+      const float a = in[i] * c[i], p = r * s[i];
+      out[i] = a + p;
+    }
+  };
+  const bool bf = k_store.scalar_type() == torch::kBFloat16;
+  for (int64_t b = 0; b < M; b++) {
+    const float* row = src + b * W;
+    for (int64_t h = 0; h < H; h++) rotate(row + h * D, qp + (b * H + h) * D, b);
+    for (int64_t h = 0; h < Hkv; h++) {
+      const int64_t at = b * stride_b + h * stride_h + ws[b] * stride_s;
+      rotate(row + (H + h) * D, kr.data(), b);
+      const float* vr = row + (H + Hkv + h) * D;
+      if (bf) {
+        auto* kd = k_store.data_ptr<at::BFloat16>() + at;
+        auto* vd = v_store.data_ptr<at::BFloat16>() + at;
+        for (int64_t i = 0; i < D; i++) {
+          kd[i] = at::BFloat16(kr[i]);  // round to nearest even, as torch's conversion
+          vd[i] = at::BFloat16(vr[i]);
+        }
+      } else {
+        std::copy(kr.begin(), kr.end(), k_store.data_ptr<float>() + at);
+        std::copy(vr, vr + D, v_store.data_ptr<float>() + at);
+      }
+    }
+  }
+  auto attn = torch::zeros({M, H * D}, qkv.options());
+  const int64_t* tp = paged ? tables.data_ptr<int64_t>() : nullptr;
+  const int64_t tn = paged ? tables.size(1) : 0;
+  if (bf)
+    attend(qp, reinterpret_cast<const uint16_t*>(k_store.data_ptr<at::BFloat16>()),
+           reinterpret_cast<const uint16_t*>(v_store.data_ptr<at::BFloat16>()), M, H, D, stride_b, stride_h, stride_s,
+           tp, tn, bs, lens.data_ptr<int64_t>(), H / Hkv, float(scale), attn.data_ptr<float>());
+  else
+    attend(qp, k_store.data_ptr<float>(), v_store.data_ptr<float>(), M, H, D, stride_b, stride_h, stride_s, tp, tn,
+           bs, lens.data_ptr<int64_t>(), H / Hkv, float(scale), attn.data_ptr<float>());
+  return block_post(x, attn, wo, so, bo, n2w, n2b, rms2, eps2, w1, s1, b1, w2, s2, b2, w3, s3, b3);
+}

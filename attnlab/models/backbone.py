@@ -56,7 +56,8 @@ class Backbone(nn.Module):
         A decode step (a few rows, no autograd, on a CPU) goes through the compiled block step where a block
         allows it (block_step.py), else through the block's forward: the same function either way."""
         compiled = block_step.usable(x, pos_enc, state)
+        rot = block_step.rotation(pos_enc, positions, *x.shape[:2]) if compiled else None
         for block in self.blocks:
-            y = block_step.step(block, x, positions, pos_enc, state) if compiled else None
+            y = block_step.step(block, x, positions, pos_enc, state, rot) if compiled else None
             x = block(x, positions, pos_enc, state) if y is None else y
         return self.norm(x)

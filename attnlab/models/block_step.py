@@ -4,6 +4,10 @@
     mix  (Python):    rotate q, k; the cache stores k, v and attends  Attention.mix, the state's own code
     post (compiled):  h = x + attn @ Wo;  y = h + mlp(norm2(h))       one call
 
+A decode step proper (one new token per row) through a cache that says where its keys go (``decode_slots``:
+the contiguous and the paged KV cache) goes further: pre, rotary, the cache's write and read, and post in one
+call (block_decode), the rotary angles computed once for every layer.
+
 Why: once the weights stream at memory speed, a decode step of GPT-2 small spent ~2.2 ms of its ~20 in the ~390
 small calls Python makes (norms, views, adds, GELU, 49 linears): measured here on a 64-wide 12-layer GPT-2 whose
 arithmetic is next to nothing. The same parallel forward serves prefill and training: this path is taken only
@@ -27,6 +31,7 @@ from torch import nn
 from attnlab import kernels
 from attnlab.models.attention import Attention, sdpa_attention
 from attnlab.models.layers import MLP, RMSNorm
+from attnlab.models.positional import Positional, Rope
 
 _NONE = torch.empty(0)
 ENABLED = True  # False: every block runs its forward (tests and benchmarks compare the two paths in one process)
@@ -108,8 +113,24 @@ def usable(x: torch.Tensor, pos_enc, state) -> bool:
             and pos_enc.alibi_slopes is None and kernels.native() is not None)
 
 
-def step(block, x: torch.Tensor, positions, pos_enc, state) -> torch.Tensor | None:
-    """block(x, positions, pos_enc, state) for x (B, T, dim) in two compiled calls, or None (see the module)."""
+def rotation(pos_enc, positions: torch.Tensor, B: int, T: int) -> tuple | None:
+    """For a decode step (T = 1): (cos, sin) (B, D) fp32 of rotary positions, computed once for every layer, or
+    two empty tensors where the positions do not rotate q and k (learned, sinusoidal, none); None for anything
+    else (the step then leaves rotation to Attention.mix)."""
+    if T != 1:
+        return None
+    if type(pos_enc).rotate is Positional.rotate:
+        return _NONE, _NONE
+    if type(pos_enc) is not Rope:
+        return None
+    cos, sin = pos_enc.cos_sin(positions, torch.float32)
+    return cos.reshape(B, -1).contiguous(), sin.reshape(B, -1).contiguous()  # (B, D)
+
+
+def step(block, x: torch.Tensor, positions, pos_enc, state, rot: tuple | None = None) -> torch.Tensor | None:
+    """block(x, positions, pos_enc, state) for x (B, T, dim) in compiled calls, or None (see the module). With
+    ``rot`` (rotation(): a decode step) and a cache that says where its keys go (decode_slots), one call does the
+    whole block (block_decode); otherwise two, around Attention.mix."""
     if block.training and block.dropout.p > 0:
         return None
     p = plan(block)
@@ -119,6 +140,11 @@ def step(block, x: torch.Tensor, positions, pos_enc, state) -> torch.Tensor | No
     mod = kernels.native()
     B, T, dim = x.shape
     x2 = x.reshape(B * T, dim)  # (B*T, dim)
+    slots = None if rot is None else getattr(state, "decode_slots", lambda _: None)(block.attn.layer_idx)
+    if slots is not None:
+        a = block.attn
+        return mod.block_decode(x2, *pre, *rot, *slots, a.n_heads, a.n_kv_heads, a.head_dim, a.scale,
+                                *post).view(B, T, dim)
     qkv = mod.block_pre(x2, *pre).view(B, T, -1)  # fp32
     attn = block.attn.mix(qkv, positions, pos_enc, state).reshape(B * T, -1)  # (B*T, H*D)
     return mod.block_post(x2, attn, *post).view(B, T, dim)

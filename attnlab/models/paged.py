@@ -365,7 +365,25 @@ class PagedKVCache(Rows):
         src = None if self._lengths is None else torch.tensor(write_src, device=dev)
         self._plan = (torch.tensor(write_slots, device=dev), src, reads, ends, n_new)
         self._tables = None  # the block tables as a tensor, built by the first layer that needs them this step
+        self._ends = torch.tensor(ends, dtype=torch.long)
         return positions
+
+    def _table_tensor(self) -> torch.Tensor:
+        """(B, max blocks) int64: each row's blocks holding its keys after this forward (0-padded), once a step."""
+        if self._tables is None:
+            bs, ends = self.block_size, self._plan[3]
+            nb = [-(-e // bs) for e in ends]
+            self._tables = torch.tensor([t[:n] + [0] * (max(nb) - n) for t, n in zip(self.tables, nb)],
+                                        dtype=torch.long)  # (B, max blocks)
+        return self._tables
+
+    def decode_slots(self, layer: int) -> tuple | None:
+        """As KVCache.decode_slots, through the pool: stride_b = 0, the write slots and block tables absolute."""
+        write_slots, write_src = self._plan[:2]
+        pk, pv = self.pool.k[layer], self.pool.v[layer]
+        if self._T != 1 or write_src is not None or pk.device.type != "cpu" or pk.stride(-1) != 1:
+            return None
+        return pk, pv, 0, pk.stride(0), pk.stride(1), write_slots, self._table_tensor(), self.block_size, self._ends
 
     def _trim_tables(self) -> None:
         bs = self.block_size
@@ -387,11 +405,7 @@ class PagedKVCache(Rows):
         pv[:, write_slots] = new_v.to(pv.dtype)
         bs = self.block_size
         if T == 1:  # a decode step: every row's keys read through its block table, none copied
-            if self._tables is None:
-                nb = [-(-e // bs) for e in ends]
-                self._tables = torch.tensor([t[:n] + [0] * (max(nb) - n) for t, n in zip(self.tables, nb)],
-                                            dtype=torch.long)  # (B, max blocks)
-            out = fused_decode(q, pk, pv, (0, pk.stride(0), pk.stride(1)), ends, run, self._tables, bs)
+            out = fused_decode(q, pk, pv, (0, pk.stride(0), pk.stride(1)), self._ends, run, self._table_tensor(), bs)
             if out is not None:
                 return out
 

@@ -185,6 +185,7 @@ class KVCache(Rows):
         self.k, self.v = k, v
         self.pos = torch.zeros(k[0].shape[0], dtype=torch.long) if pos is None else pos
         self._lengths, self._T = None, 0
+        self._decode = False
 
     @classmethod
     def allocate(cls, n_layers, batch_size, n_kv_heads, max_len, head_dim, dtype=torch.float32, device="cpu"):
@@ -222,9 +223,11 @@ class KVCache(Rows):
                                    "allocate the state with a larger max_len")
             self._plan = None
             self._start, self._ends = end - self._T, torch.full((self.batch_size,), end, dtype=torch.long)
+            self._decode = self._T == 1 and self.k[0].device.type == "cpu"
             return positions
         need = self.pos + (self._T if self._lengths is None else self._lengths)
         self._ends = need  # (B,): each row's keys after this forward, for the decode kernel (once a step, not a layer)
+        self._decode = self._T == 1 and self.k[0].device.type == "cpu"
         if int(need.max()) > self.max_len:
             raise AttnlabError(f"KV cache full: {int(need.max())} tokens > max_len {self.max_len}; "
                                "allocate the state with a larger max_len")
@@ -253,6 +256,17 @@ class KVCache(Rows):
         V[rows, :, slots] = flat_v.to(V.dtype)
         out = fused_decode(q, K, V, K.stride()[:3], self._ends, run) if T == 1 else None
         return per_row_attention(q, K, V, ends, news, run) if out is None else out
+
+    def decode_slots(self, layer: int) -> tuple | None:
+        """Where a decode step (one new token per row) of ``layer`` writes and reads, for the compiled block step
+        (kernels/block_step.cpp block_decode): (keys, values, stride_b, stride_h, stride_s, write slot per row,
+        block tables (none), block size (0), keys per row after the write); None for any other forward."""
+        if not self._decode:
+            return None
+        K, V = self.k[layer], self.v[layer]
+        if K.stride(-1) != 1 or V.stride() != K.stride():
+            return None
+        return K, V, *K.stride()[:3], self.pos, _NO_TABLE, 0, self._ends
 
     def rollback(self, pos) -> None:
         """Forget each row's slots from pos[b] on (speculative rejection, prefix reuse): later writes overwrite."""
@@ -314,6 +328,9 @@ class RollingKVCache(KVCache):
         positions = self._begin(tokens, lengths)
         self._plan = None
         return positions
+
+    def decode_slots(self, layer: int) -> None:
+        return None  # a ring's slots are not positions: its own attention writes them
 
     def _ordered(self, ring: torch.Tensor, row: int) -> torch.Tensor:
         p = int(self.pos[row])
