@@ -306,3 +306,31 @@ def test_the_compiled_gelu_is_torchs_tanh_gelu_and_stays_out_of_autograd():
     out = gelu_tanh(leaf * 1)  # autograd on: torch's gelu, whose backward exists
     out.sum().backward()
     assert leaf.grad is not None and torch.equal(out.detach(), want)
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_the_compiled_block_step_takes_several_new_tokens_a_row_causally(arch, monkeypatch):
+    """A few new tokens per row in one call (a short prefill, a speculative verification's k + 1), through one
+    compiled call a block: each new token sees the cache and the new tokens before it, not after."""
+    from attnlab.models import block_step, build_model
+    from conftest import tiny
+
+    cfg = (tiny(norm="layernorm", mlp="gelu", pos="learned", bias=True, dim=48) if arch == "gpt2" else
+           tiny(norm="rmsnorm", mlp="swiglu", pos="rope", n_kv_heads=2, dim=48))
+    model = build_model(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    chunks = [torch.randint(1, 37, (2, n), generator=g) for n in (5, 3, 4, 1)]  # 2 rows x 5 tokens: 10 rows
+
+    def run(paged):
+        state = model.new_state(2, 32, paged=paged, block_size=4)
+        with torch.inference_mode():
+            return torch.cat([model(c, state)[0] for c in chunks], dim=1)
+    for paged in (False, True):
+        used = _count_steps(monkeypatch)
+        fused = run(paged)
+        assert used and all(used)
+        monkeypatch.setattr(block_step, "ENABLED", False)
+        plain = run(paged)
+        monkeypatch.setattr(block_step, "ENABLED", True)
+        torch.testing.assert_close(fused, plain, atol=2e-5, rtol=2e-5)

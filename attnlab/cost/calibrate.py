@@ -8,8 +8,8 @@ whole model, but one 16 wide, which ``attnlab cost --validate`` never validates.
   on M rows, by dtype: the FLOP/s a prefill's matmuls reach, by row count and width;
 - ``linear_decode``: seconds for a row or a few rows times many such sets, cycled, whose weights add up to a
   working set of 1 to 160 MiB: the bytes/s a decode step's weight streaming reaches, from cache or from DRAM;
-- ``attention``: seconds of one causal SDPA call over T tokens (prefill), and of one query over S cached keys
-  (decode), in fp32, the KV cache's dtype whatever the weights';
+- ``attention``: seconds of one causal SDPA call over T tokens (prefill), and of one query over S cached fp32 keys
+  (decode) through the engine's decode kernel;
 - ``elementwise``: seconds for one layer's non-matmul kernels (two layer norms, two adds, rotary on q and k,
   GELU) on M rows of width W;
 - ``floors``: each of the above at a tiny shape, where only the cost of calling it is left;
@@ -150,12 +150,31 @@ def _sdpa(B: int, H: int, T: int, S: int, D: int, dtype, copies: int = 1) -> cal
     return fn
 
 
+def _decode_attention(H: int, S: int, D: int, copies: int = 1) -> callable:
+    """One query over S cached fp32 keys, or ``copies`` calls over distinct caches in turn, through the kernel the
+    engine's decode steps use: attnlab's compiled decode attention (kernels/decode_attention.cpp, which the block
+    step calls) where it is built, else SDPA."""
+    from attnlab import kernels
+
+    mod = kernels.native()
+    if mod is None:
+        return _sdpa(1, H, 1, S, D, torch.float32, copies)
+    q = torch.randn(1, H, D)
+    kvs = [(torch.randn(1, H, S, D), torch.randn(1, H, S, D)) for _ in range(copies)]
+    lens, none = torch.tensor([S]), torch.empty(0, dtype=torch.long)
+
+    def fn():
+        for k, v in kvs:
+            mod.decode_attention(q, k, v, *k.stride()[:3], none, 0, lens, H, D ** -0.5)
+    return fn
+
+
 def attention_tables() -> dict:
     """{"prefill": [[T, D, s]], "decode": [[S, D, bytes cycled, s per call]], "floor": {"prefill": s, "decode": s}}
-    for CALIBRATION's head count, batch 1, in fp32: the KV cache is fp32 whatever the weights (set_precision keeps
-    it so for bf16 and int8), and attention runs in the cache's dtype (attention.Attention widens the new queries).
-    Decode is timed over one cache (from the CPU's caches) and over distinct caches adding up to 64 MiB (DRAM; at
-    most 200 of them: the smallest stay within the caches, as a small model's do)."""
+    for CALIBRATION's head count, batch 1, with an fp32 cache (a bf16 cache is predicted at the same bytes/s:
+    cpu.decode_s counts its bytes). Prefill is causal SDPA; decode is the engine's decode kernel
+    (_decode_attention), timed over one cache (from the CPU's caches) and over distinct caches adding up to 64 MiB
+    (DRAM; at most 200 of them: the smallest stay within the caches, as a small model's do)."""
     H = CALIBRATION["attention_heads"]
     f32 = torch.float32
     decode = []
@@ -163,13 +182,13 @@ def attention_tables() -> dict:
         for D in CALIBRATION["attention_head_dims"]:
             per = 2 * H * S * D * 4
             for copies in sorted({1, min(max(1, round(ATTENTION_COLD_BYTES / per)), 200)}):
-                t = _time(_sdpa(1, H, 1, S, D, f32, copies), repeats=5, inner=max(1, 10 // copies))
+                t = _time(_decode_attention(H, S, D, copies), repeats=5, inner=max(1, 10 // copies))
                 decode.append([S, D, copies * per, {k: v / copies for k, v in t.items()}])
     return {"prefill": [[T, D, _time(_sdpa(1, H, T, T, D, f32), repeats=5)]
                         for T in CALIBRATION["attention_tokens"] for D in CALIBRATION["attention_head_dims"]],
             "decode": decode,
             "floor": {"prefill": _time(_sdpa(1, H, 8, 8, 8, f32), repeats=7, inner=20),
-                      "decode": _time(_sdpa(1, H, 1, 8, 8, f32), repeats=7, inner=50)}}
+                      "decode": _time(_decode_attention(H, 8, 8), repeats=7, inner=50)}}
 
 
 def _elementwise_mix(M: int, W: int, dtype) -> callable:

@@ -11,7 +11,7 @@ limited by its own bottleneck):
     decode  = engine step + rows * per-row + (small ops * cold(bytes one layer reads) + matmuls) * per-op
               + dtype's extra                                               (cold_dispatch)
               + weight bytes / bytes/s(d, working set, B)                   (linear_decode: every weight, once)
-              + L * B * Hkv * S * D * 2 * 4 / bytes/s(S, D)                 (attention: one query, fp32 keys)
+              + L * B * Hkv * S * D * 2 * cache bytes / bytes/s(S, D)       (attention: one query)
               + L * elements(B, d) * s/element(B, d)
 
 Each rate is interpolated (log-log, clamped at the ends) in the table measured at other shapes; each table's
@@ -218,13 +218,21 @@ def prefill_s(a: Arch, batch: int, T: int, micro: dict, dtype: str, ops: dict, c
     return parts
 
 
+def cache_bytes(dtype: str) -> int:
+    """Bytes of one cached key element as set_precision keeps the cache on a CPU: bf16 for bf16 and int8 weights
+    where attnlab's decode attention reads it (its compiled kernels are here), else fp32."""
+    from attnlab import kernels
+
+    return 2 if dtype in ("bf16", "int8") and kernels.native() is not None else 4
+
+
 def decode_s(a: Arch, batch: int, S: int, micro: dict, dtype: str, ops: dict, clock: str = "wall") -> dict:
     """Predicted seconds of one decode step of ``batch`` sequences with S tokens cached, by part."""
     o = overheads(micro, clock)["decode"]
     L, D = a.n_layers, a.head_dim
     layer_w, head_w = _matrix_params(a)
     weights = (L * layer_w + head_w) * dtype_bytes(dtype)
-    kv = L * batch * a.n_kv_heads * (S + 1) * D * 8  # keys and values read, fp32
+    kv = L * batch * a.n_kv_heads * (S + 1) * D * 2 * cache_bytes(dtype)  # keys and values read
     step_bytes = weights + kv  # what one step reads: it decides whether the reads come from cache or from DRAM
     # Each small op runs once per layer: between two runs of the same op (its code, its module's objects) one
     # layer's weights and cache went through the caches, so it dispatches as cold as that (cold_factor). The matmul

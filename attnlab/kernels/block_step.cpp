@@ -174,11 +174,12 @@ void gelu_tanh_(torch::Tensor t) {
 // Why: the Python between the two calls (views, the cache's slice writes, the kernel's argument checks) cost
 // ~70 us a layer here, ~0.9 ms of a GPT-2 small step.
 //
-// x (M, dim): one row per sequence. cos, sin (M, D) fp32 for rotary positions, or empty. The cache: keys and
-// values (fp32 or bf16) of row b, head h, slot s at store + b * stride_b + h * stride_h + s * stride_s; row b's new
-// key goes to slot wslots[b] (a contiguous cache: its position; a paged pool, stride_b = 0: the absolute slot its
-// block table gives), and row b then attends over lens[b] keys, found through tables (B, n) of bs-token blocks
-// where given. Returns the block's output (M, dim) in x's dtype.
+// x (M, dim): Tq = M / B new tokens for each of B sequences, token i of row i / Tq (1 for a decode step, k + 1 for
+// a speculative verification). cos, sin (M, D) fp32 for rotary positions, or empty. The cache: keys and values
+// (fp32 or bf16) of row b, head h, slot s at store + b * stride_b + h * stride_h + s * stride_s; token i's key goes
+// to slot wslots[i] (a contiguous cache: its position; a paged pool, stride_b = 0: the absolute slot its block
+// table gives), and row b then holds lens[b] keys, found through tables (B, n) of bs-token blocks where given; its
+// new tokens attend causally (decode_attention.cpp, attend). Returns the block's output (M, dim) in x's dtype.
 torch::Tensor block_decode(torch::Tensor x, torch::Tensor n1w, torch::Tensor n1b, bool rms1, double eps1,
                            torch::Tensor wqkv, torch::Tensor sqkv, torch::Tensor bqkv, torch::Tensor cos,
                            torch::Tensor sin, torch::Tensor k_store, torch::Tensor v_store, int64_t stride_b,
@@ -188,16 +189,17 @@ torch::Tensor block_decode(torch::Tensor x, torch::Tensor n1w, torch::Tensor n1b
                            double eps2, torch::Tensor w1, torch::Tensor s1, torch::Tensor b1, torch::Tensor w2,
                            torch::Tensor s2, torch::Tensor b2, torch::Tensor w3, torch::Tensor s3, torch::Tensor b3) {
   const auto qkv = block_pre(x, n1w, n1b, rms1, eps1, wqkv, sqkv, bqkv);  // (M, (H + 2 Hkv) D) fp32
-  const int64_t M = qkv.size(0), W = qkv.size(1);
+  const int64_t M = qkv.size(0), W = qkv.size(1), B = lens.numel();
   TORCH_CHECK(W == (H + 2 * Hkv) * D && H % Hkv == 0, "block_decode: q/k/v width does not match the heads");
-  TORCH_CHECK(wslots.numel() == M && lens.numel() == M && wslots.scalar_type() == torch::kLong &&
-              lens.scalar_type() == torch::kLong, "block_decode: wslots and lens must be (M,) int64");
+  TORCH_CHECK(B > 0 && M % B == 0 && wslots.numel() == M && wslots.scalar_type() == torch::kLong &&
+              lens.scalar_type() == torch::kLong, "block_decode: wslots (M,) and lens (B,) int64, M = B * Tq");
+  const int64_t Tq = M / B;  // new tokens per row: 1, or a speculative verification's k + 1
   TORCH_CHECK(k_store.scalar_type() == v_store.scalar_type() &&
               (k_store.scalar_type() == torch::kFloat32 || k_store.scalar_type() == torch::kBFloat16),
               "block_decode: the cache must be fp32 or bf16");
   const bool paged = tables.numel() > 0;
-  TORCH_CHECK(!paged || (tables.dim() == 2 && tables.size(0) == M && tables.scalar_type() == torch::kLong && bs > 0),
-              "block_decode: tables must be (M, n) int64 with a block size > 0");
+  TORCH_CHECK(!paged || (tables.dim() == 2 && tables.size(0) == B && tables.scalar_type() == torch::kLong && bs > 0),
+              "block_decode: tables must be (B, n) int64 with a block size > 0");
   const bool rot = cos.numel() > 0;
   const auto c32 = rot ? cos.to(torch::kFloat32).contiguous() : cos, s32 = rot ? sin.to(torch::kFloat32).contiguous() : sin;
   TORCH_CHECK(!rot || (c32.numel() == M * D && s32.numel() == M * D), "block_decode: cos, sin must be (M, D)");
@@ -223,12 +225,12 @@ torch::Tensor block_decode(torch::Tensor x, torch::Tensor n1w, torch::Tensor n1b
     }
   };
   const bool bf = k_store.scalar_type() == torch::kBFloat16;
-  for (int64_t b = 0; b < M; b++) {
-    const float* row = src + b * W;
-    for (int64_t h = 0; h < H; h++) rotate(row + h * D, qp + (b * H + h) * D, b);
+  for (int64_t i = 0; i < M; i++) {  // token i: row i / Tq of the cache
+    const float* row = src + i * W;
+    for (int64_t h = 0; h < H; h++) rotate(row + h * D, qp + (i * H + h) * D, i);
     for (int64_t h = 0; h < Hkv; h++) {
-      const int64_t at = b * stride_b + h * stride_h + ws[b] * stride_s;
-      rotate(row + (H + h) * D, kr.data(), b);
+      const int64_t at = (i / Tq) * stride_b + h * stride_h + ws[i] * stride_s;
+      rotate(row + (H + h) * D, kr.data(), i);
       const float* vr = row + (H + Hkv + h) * D;
       if (bf) {
         auto* kd = k_store.data_ptr<at::BFloat16>() + at;
@@ -248,10 +250,10 @@ torch::Tensor block_decode(torch::Tensor x, torch::Tensor n1w, torch::Tensor n1b
   const int64_t tn = paged ? tables.size(1) : 0;
   if (bf)
     attend(qp, reinterpret_cast<const uint16_t*>(k_store.data_ptr<at::BFloat16>()),
-           reinterpret_cast<const uint16_t*>(v_store.data_ptr<at::BFloat16>()), M, H, D, stride_b, stride_h, stride_s,
-           tp, tn, bs, lens.data_ptr<int64_t>(), H / Hkv, float(scale), attn.data_ptr<float>());
+           reinterpret_cast<const uint16_t*>(v_store.data_ptr<at::BFloat16>()), B, H, D, stride_b, stride_h, stride_s,
+           tp, tn, bs, lens.data_ptr<int64_t>(), H / Hkv, float(scale), attn.data_ptr<float>(), Tq);
   else
-    attend(qp, k_store.data_ptr<float>(), v_store.data_ptr<float>(), M, H, D, stride_b, stride_h, stride_s, tp, tn,
-           bs, lens.data_ptr<int64_t>(), H / Hkv, float(scale), attn.data_ptr<float>());
+    attend(qp, k_store.data_ptr<float>(), v_store.data_ptr<float>(), B, H, D, stride_b, stride_h, stride_s, tp, tn,
+           bs, lens.data_ptr<int64_t>(), H / Hkv, float(scale), attn.data_ptr<float>(), Tq);
   return block_post(x, attn, wo, so, bo, n2w, n2b, rms2, eps2, w1, s1, b1, w2, s2, b2, w3, s3, b3);
 }

@@ -42,19 +42,24 @@ inline float dot(const float* a, const T* b, int64_t D) {
 
 // The cache's keys and values T: fp32, or bf16 (widened in registers, as few_rows.cpp does with weights: a bf16
 // model's cache then costs half the bytes to read, and is never widened whole).
+//
+// Tq queries per row (a speculative verification's k + 1 new tokens): query i = b * Tq + j of row b sits at the
+// row's position lp[b] - Tq + j and sees keys 0 .. lp[b] - Tq + j (causal among the new tokens); q and the output
+// are (B * Tq, H, D).
 template <typename T>
 void attend(const float* qp, const T* kp, const T* vp, int64_t B, int64_t H, int64_t D, int64_t stride_b,
             int64_t stride_h, int64_t stride_s, const int64_t* tp, int64_t tn, int64_t bs, const int64_t* lp,
-            int64_t groups, float sc, float* op) {
+            int64_t groups, float sc, float* op, int64_t Tq = 1) {
   const bool paged = tp != nullptr;
-  at::parallel_for(0, B * H, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t Q = B * Tq;
+  at::parallel_for(0, Q * H, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> s;
     std::vector<const T*> rows_k, rows_v;
     for (int64_t t = t0; t < t1; t++) {
-      const int64_t b = t % B, h = t / B, n = lp[b];
+      const int64_t i = t % Q, h = t / Q, b = i / Tq, n = lp[b] - (Tq - 1 - i % Tq);
       if (n <= 0) continue;
       const int64_t kvh = h / groups;
-      const float* qr = qp + (b * H + h) * D;
+      const float* qr = qp + (i * H + h) * D;
       const int64_t base = b * stride_b + kvh * stride_h;
       rows_k.resize(n);
       rows_v.resize(n);
@@ -86,7 +91,7 @@ void attend(const float* qp, const T* kp, const T* vp, int64_t B, int64_t H, int
         s[j] = e[0];
         sum += s[j];
       }
-      float* orow = op + (b * H + h) * D;
+      float* orow = op + (i * H + h) * D;
       const int64_t Dv = D - D % VW;
       if (D % VW == 0 && D / VW <= MAX_VECS) {  // the usual head sizes: one pass over the values, D in registers
         vf acc[MAX_VECS];

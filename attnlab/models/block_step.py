@@ -4,9 +4,10 @@
     mix  (Python):    rotate q, k; the cache stores k, v and attends  Attention.mix, the state's own code
     post (compiled):  h = x + attn @ Wo;  y = h + mlp(norm2(h))       one call
 
-A decode step proper (one new token per row) through a cache that says where its keys go (``decode_slots``:
-the contiguous and the paged KV cache) goes further: pre, rotary, the cache's write and read, and post in one
-call (block_decode), the rotary angles computed once for every layer.
+A forward whose tokens are all real (a decode step: one new token per row; a speculative verification: k + 1)
+through a cache that says where its keys go (``decode_slots``: the contiguous and the paged KV cache) goes
+further: pre, rotary, the cache's write and read (causal among the new tokens), and post in one call
+(block_decode), the rotary angles computed once for every layer.
 
 Why: once the weights stream at memory speed, a decode step of GPT-2 small spent ~2.2 ms of its ~20 in the ~390
 small calls Python makes (norms, views, adds, GELU, 49 linears): measured here on a 64-wide 12-layer GPT-2 whose
@@ -114,17 +115,15 @@ def usable(x: torch.Tensor, pos_enc, state) -> bool:
 
 
 def rotation(pos_enc, positions: torch.Tensor, B: int, T: int) -> tuple | None:
-    """For a decode step (T = 1): (cos, sin) (B, D) fp32 of rotary positions, computed once for every layer, or
-    two empty tensors where the positions do not rotate q and k (learned, sinusoidal, none); None for anything
-    else (the step then leaves rotation to Attention.mix)."""
-    if T != 1:
-        return None
+    """(cos, sin) (B*T, D) fp32 of rotary positions, computed once for every layer, or two empty tensors where the
+    positions do not rotate q and k (learned, sinusoidal, none); None for anything else (the step then leaves
+    rotation to Attention.mix)."""
     if type(pos_enc).rotate is Positional.rotate:
         return _NONE, _NONE
-    if type(pos_enc) is not Rope:
+    if type(pos_enc) is not Rope or positions.shape != (B, T):
         return None
-    cos, sin = pos_enc.cos_sin(positions, torch.float32)
-    return cos.reshape(B, -1).contiguous(), sin.reshape(B, -1).contiguous()  # (B, D)
+    cos, sin = pos_enc.cos_sin(positions, torch.float32)  # (B, 1, T, D)
+    return cos.reshape(B * T, -1).contiguous(), sin.reshape(B * T, -1).contiguous()  # (B*T, D)
 
 
 def step(block, x: torch.Tensor, positions, pos_enc, state, rot: tuple | None = None) -> torch.Tensor | None:
@@ -145,6 +144,8 @@ def step(block, x: torch.Tensor, positions, pos_enc, state, rot: tuple | None = 
         a = block.attn
         return mod.block_decode(x2, *pre, *rot, *slots, a.n_heads, a.n_kv_heads, a.head_dim, a.scale,
                                 *post).view(B, T, dim)
-    qkv = mod.block_pre(x2, *pre).view(B, T, -1)  # fp32
+    # q, k, v in the model's activation dtype, as its forward makes them (a bf16 model's bf16 cache is then read
+    # as it is, not widened whole for fp32 queries)
+    qkv = mod.block_pre(x2, *pre).view(B, T, -1).to(x.dtype)
     attn = block.attn.mix(qkv, positions, pos_enc, state).reshape(B * T, -1)  # (B*T, H*D)
     return mod.block_post(x2, attn, *post).view(B, T, dim)

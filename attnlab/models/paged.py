@@ -381,7 +381,7 @@ class PagedKVCache(Rows):
         """As KVCache.decode_slots, through the pool: stride_b = 0, the write slots and block tables absolute."""
         write_slots, write_src = self._plan[:2]
         pk, pv = self.pool.k[layer], self.pool.v[layer]
-        if self._T != 1 or write_src is not None or pk.device.type != "cpu" or pk.stride(-1) != 1:
+        if write_src is not None or pk.device.type != "cpu" or pk.stride(-1) != 1:
             return None
         return pk, pv, 0, pk.stride(0), pk.stride(1), write_slots, self._table_tensor(), self.block_size, self._ends
 

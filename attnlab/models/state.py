@@ -223,11 +223,11 @@ class KVCache(Rows):
                                    "allocate the state with a larger max_len")
             self._plan = None
             self._start, self._ends = end - self._T, torch.full((self.batch_size,), end, dtype=torch.long)
-            self._decode = self._T == 1 and self.k[0].device.type == "cpu"
+            self._decode = self.k[0].device.type == "cpu"
             return positions
         need = self.pos + (self._T if self._lengths is None else self._lengths)
         self._ends = need  # (B,): each row's keys after this forward, for the decode kernel (once a step, not a layer)
-        self._decode = self._T == 1 and self.k[0].device.type == "cpu"
+        self._decode = self._lengths is None and self.k[0].device.type == "cpu"
         if int(need.max()) > self.max_len:
             raise AttnlabError(f"KV cache full: {int(need.max())} tokens > max_len {self.max_len}; "
                                "allocate the state with a larger max_len")
@@ -258,15 +258,17 @@ class KVCache(Rows):
         return per_row_attention(q, K, V, ends, news, run) if out is None else out
 
     def decode_slots(self, layer: int) -> tuple | None:
-        """Where a decode step (one new token per row) of ``layer`` writes and reads, for the compiled block step
-        (kernels/block_step.cpp block_decode): (keys, values, stride_b, stride_h, stride_s, write slot per row,
-        block tables (none), block size (0), keys per row after the write); None for any other forward."""
+        """Where a forward whose T tokens are all real (a decode step, a speculative verification) writes and
+        reads in ``layer``, for the compiled block step (kernels/block_step.cpp block_decode): (keys, values,
+        stride_b, stride_h, stride_s, write slot per token (B*T,), block tables (none), block size (0), keys per row
+        after the write (B,)); None where some rows carry filler."""
         if not self._decode:
             return None
         K, V = self.k[layer], self.v[layer]
         if K.stride(-1) != 1 or V.stride() != K.stride():
             return None
-        return K, V, *K.stride()[:3], self.pos, _NO_TABLE, 0, self._ends
+        slots = self.pos if self._T == 1 else (self.pos[:, None] + torch.arange(self._T)).reshape(-1)
+        return K, V, *K.stride()[:3], slots, _NO_TABLE, 0, self._ends
 
     def rollback(self, pos) -> None:
         """Forget each row's slots from pos[b] on (speculative rejection, prefix reuse): later writes overwrite."""
