@@ -211,7 +211,9 @@ def test_dense_linear_for_varying_batches_picks_a_layout_valid_at_every_row_coun
     monkeypatch.setattr(DenseLinear, "_chosen", {})
     lin = torch.nn.Linear(256, 384)
     dense = DenseLinear(lin, torch.float32, 16, varying=True)
-    assert dense.path in ("matmul", "onednn", "few_rows")  # mkl's packing serves exactly 16 rows, mv exactly one
+    # mkl's packing serves exactly 16 rows, mv exactly one; with the compiled kernels (16 rows <= COLD_ROWS)
+    # oneDNN's packing does not compete
+    assert dense.path in (("matmul", "few_rows") if kernels.native() is not None else ("matmul", "onednn"))
     for m in (1, 3, 16, 40):
         x = torch.randn(m, 256)
         torch.testing.assert_close(dense(x), lin(x), atol=1e-4, rtol=1e-4)

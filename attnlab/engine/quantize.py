@@ -24,7 +24,12 @@ _warned = set()
 _NONE = torch.empty(0)  # "no scale" / "no bias" for the compiled kernel
 
 
-COLD_ROWS = 4  # up to this many rows a product is bound by its weight's bytes: time it as decode meets it, cold
+# Up to this many rows (a decode step, a speculative verification, a server's batch) a product streams its weight
+# from memory, as decode meets it: its candidates are timed cold, and only layouts the compiled block step can read
+# compete (the packed ones are opaque: they could not be flushed for a fair timing, and a block with one runs its
+# Python forward; at one row, cold, over GPT-2 small's matrices they took 18.0-18.8 ms a token against 14.8-16.3
+# for the plain layouts; at 8 rows MKL's packed fp32 took 18.6-22.0 ms against attnlab's 16.2-17.4).
+COLD_ROWS = kernels.MAX_ROWS
 
 
 def _evict(module) -> None:
@@ -156,9 +161,7 @@ class DenseLinear(nn.Module):
         fastest's name."""
         xs = [torch.randn(n, self.in_features).to(dtype) for n in counts]
         cold = max(counts) <= COLD_ROWS and kernels.native() is not None
-        if cold:  # oneDNN's and MKL's packed weights are opaque (no storage to flush): they could only be timed
-            # warm, against the others cold; at one row, cold over GPT-2 small's matrices they took 18.0-18.8 ms
-            # a token against 14.8-16.3 ms for the plain layouts
+        if cold:  # oneDNN's and MKL's packed weights: not candidates here (COLD_ROWS)
             builders = {k: b for k, b in builders.items() if k not in ("onednn", "mkl")} or builders
         best = _time_paths(self, list(builders), xs, self.PROBE_CALLS, install=lambda path: builders[path](),
                            cold=cold)
