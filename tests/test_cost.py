@@ -271,7 +271,7 @@ def _synthetic_micro(flops=1e11, stream=1e10, overhead=1e-5):
             "memory": {"touch_bytes": 1e9, "touch": t(0.1), "read_bytes": 1e9, "read": t(0.1)}, "shapes": CALIBRATION}
 
 
-def test_cpu_prediction_is_the_sum_of_its_parts():
+def test_cpu_prediction_is_the_sum_of_its_parts(monkeypatch):
     """With constant rates the prediction is arithmetic: 2 * M * P_layer / FLOP/s per layer, weight bytes /
     bandwidth, ops * per-op, and so on."""
     from attnlab.cost import cpu
@@ -291,6 +291,13 @@ def test_cpu_prediction_is_the_sum_of_its_parts():
     assert dec["attention"] == pytest.approx(4 * 2 * 4 * 301 * 64 * 8 / 1e10)
     assert dec["overhead"] == pytest.approx(140 * 1e-5, abs=1e-9)
     assert dec["total"] == pytest.approx(sum(v for k, v in dec.items() if k != "total"))
+    # bf16 weights: the cache is read at the width set_precision keeps it (bf16 where the decode kernel reads it)
+    from attnlab import kernels
+    micro["linear"]["bf16"], micro["elementwise"]["bf16"] = micro["linear"]["fp32"], micro["elementwise"]["fp32"]
+    monkeypatch.setattr(kernels, "_state", {"native": None})
+    assert cpu.decode_s(a, 2, 300, micro, "bf16", ops)["attention"] == pytest.approx(dec["attention"])
+    monkeypatch.setattr(kernels, "_state", {"native": object()})
+    assert cpu.decode_s(a, 2, 300, micro, "bf16", ops)["attention"] == pytest.approx(dec["attention"] / 2)
 
 
 def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, capsys):

@@ -112,7 +112,14 @@ def engine_ops(cfg, batch: int, prompt: int, context: int, dtype: str = "fp32") 
 
     narrow = replace(cfg, dim=8 * cfg.n_heads, head_dim=8, hidden_dim=None,
                      vocab_size=min(cfg.vocab_size, 64), max_seq_len=max(cfg.max_seq_len, prompt + 1, context + 2))
-    with torch.inference_mode(False):  # inference mode would hide how composite ops (linear) dispatch
+    from attnlab.models import block_step
+
+    # Counted on the blocks' Python forward: the engine's compiled decode step (models/block_step.py) is one call a
+    # block that this tracer cannot see into. The counts are structural (ops of a layer, of the head, of the
+    # step); cost.cpu's per-op cost is calibrated over these same counts from the probe's timings of whatever
+    # path the engine takes, so it is the cost per counted op of that path.
+    # (inference mode would hide how composite ops (linear) dispatch)
+    with torch.inference_mode(False), block_step.disabled():
         torch.manual_seed(0)
         model = set_precision(build_model(narrow), dtype, layout=False)
         tokens = lambda T: torch.zeros(batch, T, dtype=torch.long)  # noqa: E731

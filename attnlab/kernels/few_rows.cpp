@@ -55,12 +55,12 @@ inline void block(const float* x, const W* w, int64_t n, int64_t m0, int64_t K, 
       for (int i = 0; i < RB; i++) acc[m][i] = fma(xv, wv[i], acc[m][i]);
     }
   }
-  for (int m = 0; m < MB; m++)
-    for (int i = 0; i < RB; i++) {
-      float s = lanes_sum(acc[m][i]);
-      for (int64_t k = Kv; k < K; k++) s = std::fma(x[(m0 + m) * K + k], widen(wr[i][k]), s);
-      out[m][i] = s;
-    }
+  static_assert(RB == 4, "sum4 reduces four channels at once");
+  for (int m = 0; m < MB; m++) {
+    sum4(acc[m][0], acc[m][1], acc[m][2], acc[m][3], out[m]);
+    for (int i = 0; i < RB; i++)
+      for (int64_t k = Kv; k < K; k++) out[m][i] = std::fma(x[(m0 + m) * K + k], widen(wr[i][k]), out[m][i]);
+  }
 }
 
 template <typename W, typename Y>

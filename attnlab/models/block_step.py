@@ -26,6 +26,8 @@ intermediate activations are rounded to bf16).
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -86,6 +88,18 @@ def plan(block) -> tuple | None:
     built = _build(block) if parts else None
     block.__dict__["_step_plan"] = (key, built, parts)
     return built
+
+
+@contextlib.contextmanager
+def disabled():
+    """Every block runs its forward inside (the cost model's tracer counts the ops of that forward: it cannot see
+    into a compiled call)."""
+    global ENABLED
+    was, ENABLED = ENABLED, False
+    try:
+        yield
+    finally:
+        ENABLED = was
 
 
 def forget(model: nn.Module) -> None:
