@@ -79,10 +79,9 @@ def _parts(block) -> tuple:
 
 def plan(block) -> tuple | None:
     """The compiled calls' arguments for this block (norm + q/k/v; output projection + norm + MLP), or None where
-    the compiled step does not apply. Kept on the
-    block between steps, and rebuilt when any module or tensor it was built from has been replaced (set_precision
-    swaps the Linears, a checkpoint load may swap parameters; a change of dtype or device in place is seen by the
-    kernel itself, which reads the tensors it is given)."""
+    the compiled step does not apply. Kept on the block between steps, and rebuilt when any module or tensor it was
+    built from has been replaced (set_precision swaps the Linears, a checkpoint load may swap parameters; a change
+    of dtype or device in place is seen by the kernel itself, which reads the tensors it is given)."""
     parts = _parts(block)
     key = tuple(map(id, parts))  # the kept plan holds every part, so no id can be reused while it lives
     kept = block.__dict__.get("_step_plan")
@@ -160,13 +159,12 @@ def step(block, x: torch.Tensor, positions, pos_enc, state, rot: tuple | None = 
     mod = kernels.native()
     B, T, dim = x.shape
     x2 = x.reshape(B * T, dim)  # (B*T, dim)
-    slots = None if rot is None else getattr(state, "decode_slots", lambda _: None)(block.attn.layer_idx)
+    slots = None if rot is None else getattr(state, "decode_slots", lambda _: None)(attn.layer_idx)
     if slots is not None:
-        a = block.attn
-        return mod.block_decode(x2, *pre, *rot, *slots, a.n_heads, a.n_kv_heads, a.head_dim, a.scale,
+        return mod.block_decode(x2, *pre, *rot, *slots, attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.scale,
                                 *post).view(B, T, dim)
     # q, k, v in the model's activation dtype, as its forward makes them (a bf16 model's bf16 cache is then read
     # as it is, not widened whole for fp32 queries)
     qkv = mod.block_pre(x2, *pre).view(B, T, -1).to(x.dtype)
-    attn = block.attn.mix(qkv, positions, pos_enc, state).reshape(B * T, -1)  # (B*T, H*D)
-    return mod.block_post(x2, attn, *post).view(B, T, dim)
+    mixed = attn.mix(qkv, positions, pos_enc, state).reshape(B * T, -1)  # (B*T, H*D)
+    return mod.block_post(x2, mixed, *post).view(B, T, dim)
