@@ -194,8 +194,8 @@ def attention_tables() -> dict:
 def _elementwise_mix(M: int, W: int, dtype) -> callable:
     """One layer's non-matmul kernels on M rows, as attnlab runs them: two layer norms, two residual adds, rotary on
     q and k, tanh-GELU on the 4W hidden layer, the attention output's copy back to (M, W), keys and values written
-    into an fp32 cache, and with weights narrower than fp32 the queries widened to the cache's fp32 and the output
-    narrowed back."""
+    into an fp32 cache, and with weights narrower than fp32 the queries widened to fp32 and the output narrowed
+    back (timed so whatever the cache's dtype: a copy's cost, per element)."""
     from attnlab.models.positional import apply_rotary
 
     H, f32 = 4, torch.float32

@@ -5,7 +5,7 @@ limited by its own bottleneck):
 
     prefill = engine call + rows * per-row + ops * per-op + dtype's extra (probe: dispatch and Python)
               + L * 2 * M * P_layer / FLOP/s(M, d)                         (linear_prefill, M = B * T rows)
-              + L * B * H * 4 * D * T(T+1)/2 / FLOP/s(T, D)                (attention: causal, fp32 cache)
+              + L * B * H * 4 * D * T(T+1)/2 / FLOP/s(T, D)                (attention: causal)
               + L * elements(M, d) * s/element(M, d)                       (elementwise)
               + head bytes / bytes/s + KV-cache bytes / first-touch bytes/s (memory)
     decode  = engine step + rows * per-row + (small ops * cold(bytes one layer reads) + matmuls) * per-op
@@ -200,7 +200,7 @@ def prefill_s(a: Arch, batch: int, T: int, micro: dict, dtype: str, ops: dict, c
     layer_w, head_w = _matrix_params(a)
     nbytes = dtype_bytes(dtype)
     weights = (L * layer_w + head_w) * nbytes
-    kv_touch = 2 * L * batch * a.n_kv_heads * (T + 1) * D * 4  # the fresh cache, fp32 (set_precision)
+    kv_touch = 2 * L * batch * a.n_kv_heads * (T + 1) * D * cache_bytes(dtype)  # the fresh cache (set_precision)
     mem = micro["memory"]
     touch_bw = mem["touch_bytes"] / mem["touch"][clock]
     parts = {
@@ -219,8 +219,9 @@ def prefill_s(a: Arch, batch: int, T: int, micro: dict, dtype: str, ops: dict, c
 
 
 def cache_bytes(dtype: str) -> int:
-    """Bytes of one cached key element as set_precision keeps the cache on a CPU: bf16 for bf16 and int8 weights
-    where attnlab's decode attention reads it (its compiled kernels are here), else fp32."""
+    """Bytes of one cached key element as set_precision keeps the cache on a CPU for the sdpa kernel without ALiBi
+    (every validation case; the model predicts nothing else on a CPU): bf16 for bf16 and int8 weights where
+    attnlab's decode attention reads it (its compiled kernels are here), else fp32."""
     from attnlab import kernels
 
     return 2 if dtype in ("bf16", "int8") and kernels.native() is not None else 4

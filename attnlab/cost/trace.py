@@ -103,8 +103,8 @@ def engine_ops(cfg, batch: int, prompt: int, context: int, dtype: str = "fp32") 
     prompts of ``prompt`` tokens into a fresh KV cache (logits at the last position only), and one decode step of
     ``batch`` sequences with ``context`` tokens cached. Counted on the CPU, on a copy of the model 8 wide per head
     (the ops, and the kernels chosen, do not depend on the width; the meta device would count the math fallback of
-    attention instead of the CPU's fused kernel), at ``dtype`` as set_precision runs it (bf16: with an fp32 KV
-    cache). {"prefill": TraceResult, "decode": TraceResult}."""
+    attention instead of the CPU's fused kernel), at ``dtype`` as set_precision runs it.
+    {"prefill": TraceResult, "decode": TraceResult}."""
     from dataclasses import replace
 
     from attnlab.engine.quantize import set_precision

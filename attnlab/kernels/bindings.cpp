@@ -4,6 +4,7 @@
 #include "few_rows.cpp"
 #include "decode_attention.cpp"
 #include "block_step.cpp"
+#include "evict.cpp"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &few_rows_linear,

@@ -1,20 +1,28 @@
-// A decode step through one pre-norm block in two calls: everything before attention, and everything after it.
+// A decode step through one pre-norm block in one compiled call (block_decode), or two around Python's attention
+// (block_pre, block_post) where the cache cannot say where its keys go.
 //
 // Why this exists: with the weights streaming at memory speed (few_rows.cpp), what was left of a decode step was
 // dispatch: GPT-2 small's step made about 390 small torch calls from Python (norms, views, adds, GELU, 49 linears),
-// 2.2 ms a token here, measured on a 64-wide 12-layer GPT-2 whose arithmetic is next to nothing (HF: 3.7 ms).
-// Here a block's norm + q/k/v projection is one call, and its output projection + residual + norm + MLP + residual
-// another; the attention between them (rotation, the cache's write and read) stays with the cache that owns it.
+// 2.2 ms a token here, measured on a 64-wide 12-layer GPT-2 whose arithmetic is next to nothing (HF: 3.7 ms); two
+// calls a block left 1.4 ms, one call 1.0 ms.
 //
-//   pre:  qkv = norm1(x) @ Wqkv^T (* scale) + b
-//   post: h = x + attn @ Wo^T + bo;  y = h + mlp(norm2(h)),  mlp = W2 gelu_tanh(W1 .) or W2 (silu(W1 .) * W3 .)
+//   pre:    qkv = norm1(x) @ Wqkv^T (* scale) + b
+//   decode: pre; rotate q, k; write k, v into the cache; attend over each row's keys; post
+//   post:   h = x + attn @ Wo^T + bo;  y = h + mlp(norm2(h)),  mlp = W2 gelu_tanh(W1 .) or W2 (silu(W1 .) * W3 .)
 //
 // All arithmetic in fp32 (the residual stream is widened once on entry and rounded once on exit to its dtype), the
-// linears by few_rows.cpp's `run`, so each row's result is independent of the other rows in the call.
+// linears by few_rows.cpp's `run` (or torch's product for a weight kept (in, out)), so each row's result is
+// independent of the other rows in the call.
+#pragma once
+
 #include <torch/extension.h>
 
 #include <cmath>
 #include <vector>
+
+#include "activations.h"
+#include "decode_attention.cpp"  // attend
+#include "few_rows.cpp"          // run
 
 namespace {
 
@@ -46,34 +54,6 @@ void linear_into(const float* x, int64_t M, int64_t K, const torch::Tensor& w, c
     case torch::kChar: run(x, w.data_ptr<int8_t>(), sp, bp, y, M, N, K); break;
     default: TORCH_CHECK(false, "block step: weights must be fp32, bf16 or int8");
   }
-}
-
-// GELU, tanh approximation (GPT-2): 0.5 v (1 + tanh(u)), u = sqrt(2/pi) (v + 0.044715 v^3), computed as
-// v / (1 + exp(-2u)) (the same function: 0.5 (1 + tanh(u)) = sigmoid(2u)), the exponent clamped to +-87 (beyond
-// it the result is v or 0 to fp32 precision). A vector at a time; the tail one by one, the same formula.
-inline vf gelu_v(vf v) {
-  const vf u = v + splat(0.044715f) * v * v * v;
-  const vf e = vexp(vmin(vmax(splat(-2.f * 0.7978845608f) * u, splat(-87.f)), splat(87.f)));
-  return v / (splat(1.f) + e);
-}
-
-void gelu_tanh(float* a, int64_t n) {
-  int64_t i = 0;
-  for (; i + VW <= n; i += VW) store_x(a + i, gelu_v(load_x(a + i)));
-  for (; i < n; i++) {
-    const float v = a[i];
-    a[i] = v / (1.f + std::exp(std::min(std::max(-2.f * 0.7978845608f * (v + 0.044715f * v * v * v), -87.f), 87.f)));
-  }
-}
-
-// silu(a) * g (SwiGLU): a / (1 + exp(-a)) * g, the exponent clamped as above.
-void silu_mul(float* a, const float* g, int64_t n) {
-  int64_t i = 0;
-  for (; i + VW <= n; i += VW) {
-    const vf v = load_x(a + i);
-    store_x(a + i, v / (splat(1.f) + vexp(vmin(vmax(splat(-1.f) * v, splat(-87.f)), splat(87.f)))) * load_x(g + i));
-  }
-  for (; i < n; i++) a[i] = a[i] / (1.f + std::exp(std::min(std::max(-a[i], -87.f), 87.f))) * g[i];
 }
 
 torch::Tensor f32(const torch::Tensor& t) { return t.numel() ? t.to(torch::kFloat32).contiguous() : t; }
@@ -128,7 +108,9 @@ torch::Tensor block_post(torch::Tensor x, torch::Tensor attn, torch::Tensor wo, 
   const auto xf = x.to(torch::kFloat32).contiguous();
   const auto af = attn.to(torch::kFloat32).contiguous();
   const int64_t M = xf.size(0), K = xf.size(1), F = w1.size(0);
-  TORCH_CHECK(wo.size(0) == K && w2.size(0) == K && w2.size(1) == F, "block_post: projection shapes disagree");
+  TORCH_CHECK(x.device().is_cpu(), "block_post: x on the CPU expected");
+  TORCH_CHECK(wo.size(0) == K && w2.size(0) == K && w2.size(1) == F && (!w3.numel() || w3.size(0) == F),
+              "block_post: projection shapes disagree");
   auto out = torch::empty({M, K}, xf.options());
   float* h = out.data_ptr<float>();
   linear_into(af.data_ptr<float>(), M, af.size(1), wo, so, bo, h);
@@ -149,24 +131,27 @@ torch::Tensor block_post(torch::Tensor x, torch::Tensor attn, torch::Tensor wo, 
   return x.scalar_type() == torch::kFloat32 ? out : out.to(x.scalar_type());
 }
 
-// Push a tensor's bytes out of every cache level (timing a decode-sized product as decode meets its weight: coming
-// from memory, not left in cache by the previous call). A tensor without plain storage is left alone.
-void evict(torch::Tensor t) {
-  if (!t.has_storage() || !t.device().is_cpu() || !t.numel()) return;
-  const char* p = static_cast<const char*>(t.data_ptr());
-  const int64_t n = t.numel() * t.element_size();
-  for (int64_t i = 0; i < n; i += 64) _mm_clflush(p + i);
-  _mm_clflush(p + n - 1);
-  _mm_mfence();
-}
-
-// GELU (tanh approximation) in place over a contiguous fp32 tensor, in parallel: the prefill's MLP activation.
-// torch's CPU gelu took 25 ms of a 425 ms GPT-2 small prefill of 512 tokens here (1.3 ns an element, 2 threads).
-void gelu_tanh_(torch::Tensor t) {
-  TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.device().is_cpu(),
-              "gelu_tanh_: a contiguous fp32 CPU tensor expected");
-  float* p = t.data_ptr<float>();
-  at::parallel_for(0, t.numel(), 1 << 14, [&](int64_t a, int64_t b) { gelu_tanh(p + a, b - a); });
+// Every slot a call will write or read lies inside the cache: the kernels index raw memory with these numbers.
+void check_store(const torch::Tensor& k, const torch::Tensor& v, int64_t stride_b, int64_t stride_h, int64_t stride_s,
+                 int64_t B, int64_t Hkv, int64_t D, const torch::Tensor& wslots, int64_t Tq, const torch::Tensor& tables,
+                 int64_t bs, const torch::Tensor& lens) {
+  TORCH_CHECK(k.device().is_cpu() && v.device().is_cpu() && k.stride(-1) == 1 && v.strides() == k.strides() &&
+              k.sizes() == v.sizes() && k.size(-1) == D, "block_decode: keys and values must be CPU tensors of one "
+              "layout, head dimension ", D, " contiguous");
+  const int64_t slots = k.size(-2), rows = stride_b ? k.size(0) : 1;
+  TORCH_CHECK(stride_b == 0 || B <= rows, "block_decode: ", B, " rows for a cache of ", rows);
+  TORCH_CHECK(Hkv <= k.size(-3), "block_decode: ", Hkv, " key/value heads for a cache of ", k.size(-3));
+  const int64_t* w = wslots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < wslots.numel(); i++)
+    TORCH_CHECK(w[i] >= 0 && w[i] < slots, "block_decode: write slot ", w[i], " outside the cache's ", slots);
+  const int64_t* l = lens.data_ptr<int64_t>();
+  const int64_t tn = tables.numel() ? tables.size(1) : 0;
+  for (int64_t b = 0; b < B; b++)
+    TORCH_CHECK(l[b] >= Tq && l[b] <= (tn ? tn * bs : slots), "block_decode: row ", b, " holds ", l[b],
+                " keys, outside its cache");
+  const int64_t* t = tables.numel() ? tables.data_ptr<int64_t>() : nullptr;
+  for (int64_t i = 0; t && i < tables.numel(); i++)
+    TORCH_CHECK(t[i] >= 0 && (t[i] + 1) * bs <= slots, "block_decode: block ", t[i], " outside the pool");
 }
 
 // A whole decode step of one block in one call: block_pre, then what Attention.mix and the cache do for one new
@@ -197,9 +182,13 @@ torch::Tensor block_decode(torch::Tensor x, torch::Tensor n1w, torch::Tensor n1b
   TORCH_CHECK(k_store.scalar_type() == v_store.scalar_type() &&
               (k_store.scalar_type() == torch::kFloat32 || k_store.scalar_type() == torch::kBFloat16),
               "block_decode: the cache must be fp32 or bf16");
+  wslots = wslots.contiguous();
+  lens = lens.contiguous();
+  tables = tables.contiguous();
   const bool paged = tables.numel() > 0;
   TORCH_CHECK(!paged || (tables.dim() == 2 && tables.size(0) == B && tables.scalar_type() == torch::kLong && bs > 0),
               "block_decode: tables must be (B, n) int64 with a block size > 0");
+  check_store(k_store, v_store, stride_b, stride_h, stride_s, B, Hkv, D, wslots, Tq, tables, bs, lens);
   const bool rot = cos.numel() > 0;
   const auto c32 = rot ? cos.to(torch::kFloat32).contiguous() : cos, s32 = rot ? sin.to(torch::kFloat32).contiguous() : sin;
   TORCH_CHECK(!rot || (c32.numel() == M * D && s32.numel() == M * D), "block_decode: cos, sin must be (M, D)");
@@ -229,19 +218,19 @@ torch::Tensor block_decode(torch::Tensor x, torch::Tensor n1w, torch::Tensor n1b
     const float* row = src + i * W;
     for (int64_t h = 0; h < H; h++) rotate(row + h * D, qp + (i * H + h) * D, i);
     for (int64_t h = 0; h < Hkv; h++) {
-      const int64_t at = (i / Tq) * stride_b + h * stride_h + ws[i] * stride_s;
+      const int64_t off = (i / Tq) * stride_b + h * stride_h + ws[i] * stride_s;
       rotate(row + (H + h) * D, kr.data(), i);
       const float* vr = row + (H + Hkv + h) * D;
       if (bf) {
-        auto* kd = k_store.data_ptr<at::BFloat16>() + at;
-        auto* vd = v_store.data_ptr<at::BFloat16>() + at;
-        for (int64_t i = 0; i < D; i++) {
-          kd[i] = at::BFloat16(kr[i]);  // round to nearest even, as torch's conversion
-          vd[i] = at::BFloat16(vr[i]);
+        auto* kd = k_store.data_ptr<at::BFloat16>() + off;
+        auto* vd = v_store.data_ptr<at::BFloat16>() + off;
+        for (int64_t d = 0; d < D; d++) {
+          kd[d] = at::BFloat16(kr[d]);  // round to nearest even, as torch's conversion
+          vd[d] = at::BFloat16(vr[d]);
         }
       } else {
-        std::copy(kr.begin(), kr.end(), k_store.data_ptr<float>() + at);
-        std::copy(vr, vr + D, v_store.data_ptr<float>() + at);
+        std::copy(kr.begin(), kr.end(), k_store.data_ptr<float>() + off);
+        std::copy(vr, vr + D, v_store.data_ptr<float>() + off);
       }
     }
   }

@@ -1,4 +1,5 @@
-// Attention for a decode step: one query per row, over each row's own keys, for every row and head in one call.
+// Attention for a decode step: one query per row (or a few, causal among themselves), over each row's own keys, for
+// every row and head in one call.
 //
 // Why this exists: a ragged batch (rows at different lengths) attended row by row through torch's SDPA, one call per
 // row and layer (96 calls a step for 8 rows of GPT-2 small, about 230 us each, 17 GB/s of keys and values on the
@@ -10,6 +11,8 @@
 // head h reads key head h / (H / Hkv) (grouped-query attention). Each (row, head) is computed by one thread, the
 // same way whatever else is in the call: scores in fp32, softmax with the maximum subtracted, then the weighted
 // sum of values. The rows and heads are spread over threads head-major, so long and short rows mix in each share.
+#pragma once
+
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 

@@ -13,6 +13,8 @@
 // output element is the same sum in the same order whatever the number of rows or threads (threads split whole
 // blocks of channels), so a row's result does not depend on which other rows share the call: a batch equals each
 // row alone, bit for bit.
+#pragma once
+
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 

@@ -20,9 +20,9 @@ the (in, out) layout, handed to torch's product from C++; an Int8Linear on ``few
 (oneDNN's or MKL's packed layouts, torch's int8 kernel): ``step`` returns None and the block runs its ordinary
 forward, the same function in torch's kernels.
 
-The result is the block's forward computed in fp32 throughout: bit-for-bit it differs from the unfused path by
-rounding only (fp32: within ~1e-6 relative; bf16 weights: closer to fp32 than the unfused path, whose
-intermediate activations are rounded to bf16).
+The result is the block's forward computed in fp32 (a DenseLinear in the ``matmul`` layout multiplies in its
+weight's dtype, through torch): it differs from the unfused path by rounding only (fp32: within ~1e-6 relative;
+bf16 weights: closer to fp32 than the unfused path, whose intermediate activations are rounded to bf16).
 """
 from __future__ import annotations
 
@@ -37,7 +37,9 @@ from attnlab.models.layers import MLP, RMSNorm
 from attnlab.models.positional import Positional, Rope
 
 _NONE = torch.empty(0)
-ENABLED = True  # False: every block runs its forward (tests and benchmarks compare the two paths in one process)
+# False: every block runs its forward (tests and benchmarks compare the two paths in one process). Process-wide:
+# the engine runs in one thread (a server's engine thread), and the tracer that turns it off runs on its own.
+ENABLED = True
 
 
 def _linear(lin) -> tuple | None:
@@ -76,10 +78,10 @@ def _parts(block) -> tuple:
 
 
 def plan(block) -> tuple | None:
-    """The arguments of the two calls for this block, or None where the compiled step does not apply. Kept on the
-    block between steps, and rebuilt when any module or tensor it was built from has been replaced (set_precision
-    swaps the Linears, a checkpoint load may swap parameters; a change of dtype or device in place is seen by the
-    kernel itself, which reads the tensors it is given)."""
+    """The compiled calls' arguments for this block (norm + q/k/v; output projection + norm + MLP), or None where
+    the compiled step does not apply. Kept on the block between steps, and rebuilt when any module or tensor it was
+    built from has been replaced (set_precision swaps the Linears, a checkpoint load may swap parameters; a change
+    of dtype or device in place is seen by the kernel itself, which reads the tensors it is given)."""
     parts = _parts(block)
     key = tuple(map(id, parts))  # the kept plan holds every part, so no id can be reused while it lives
     kept = block.__dict__.get("_step_plan")
@@ -111,7 +113,7 @@ def forget(model: nn.Module) -> None:
 
 def _build(block) -> tuple | None:
     attn, mlp = block.attn, block.mlp
-    if attn.kernel is not sdpa_attention:
+    if attn.kernel is not sdpa_attention or not attn.causal:  # the compiled attention is causal softmax
         return None
     n1, n2 = _norm(block.attn_norm), _norm(block.mlp_norm)
     qkv, wo, w1, w2 = _linear(attn.wqkv), _linear(attn.wo), _linear(mlp.w1), _linear(mlp.w2)
@@ -144,7 +146,11 @@ def step(block, x: torch.Tensor, positions, pos_enc, state, rot: tuple | None = 
     """block(x, positions, pos_enc, state) for x (B, T, dim) in compiled calls, or None (see the module). With
     ``rot`` (rotation(): a decode step) and a cache that says where its keys go (decode_slots), one call does the
     whole block (block_decode); otherwise two, around Attention.mix."""
+    attn = block._modules["attn"]
+    # read every step: a kept plan's identities do not cover these attributes
     if block.training and block.dropout.p > 0:
+        return None
+    if getattr(attn, "kernel", None) is not sdpa_attention or not getattr(attn, "causal", False):
         return None
     p = plan(block)
     if p is None:
@@ -153,13 +159,12 @@ def step(block, x: torch.Tensor, positions, pos_enc, state, rot: tuple | None = 
     mod = kernels.native()
     B, T, dim = x.shape
     x2 = x.reshape(B * T, dim)  # (B*T, dim)
-    slots = None if rot is None else getattr(state, "decode_slots", lambda _: None)(block.attn.layer_idx)
+    slots = None if rot is None else getattr(state, "decode_slots", lambda _: None)(attn.layer_idx)
     if slots is not None:
-        a = block.attn
-        return mod.block_decode(x2, *pre, *rot, *slots, a.n_heads, a.n_kv_heads, a.head_dim, a.scale,
+        return mod.block_decode(x2, *pre, *rot, *slots, attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.scale,
                                 *post).view(B, T, dim)
     # q, k, v in the model's activation dtype, as its forward makes them (a bf16 model's bf16 cache is then read
     # as it is, not widened whole for fp32 queries)
     qkv = mod.block_pre(x2, *pre).view(B, T, -1).to(x.dtype)
-    attn = block.attn.mix(qkv, positions, pos_enc, state).reshape(B * T, -1)  # (B*T, H*D)
-    return mod.block_post(x2, attn, *post).view(B, T, dim)
+    mixed = attn.mix(qkv, positions, pos_enc, state).reshape(B * T, -1)  # (B*T, H*D)
+    return mod.block_post(x2, mixed, *post).view(B, T, dim)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from attnlab import kernels
 
@@ -42,16 +43,17 @@ class MLP(nn.Module):
     def forward(self, x):
         if self.gated:
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(gelu_tanh(self.w1(x)))
+        return self.w2(gelu_tanh_(self.w1(x)))
 
 
-def gelu_tanh(h: torch.Tensor) -> torch.Tensor:
-    """GELU, tanh approximation. A large fp32 activation outside autograd on a CPU goes through attnlab's compiled
-    GELU, in place (h is the fresh output of a Linear): torch's took 25 ms of a 425 ms GPT-2 small prefill of 512
-    tokens here, 1.3 ns an element; the compiled one is vectorised (the same formula, tanh via exp, absolute error
-    ~1e-7)."""
+def gelu_tanh_(h: torch.Tensor) -> torch.Tensor:
+    """GELU, tanh approximation, which may overwrite ``h`` (pass a fresh tensor: here a Linear's output). A large
+    fp32 activation outside autograd on a CPU goes through attnlab's compiled GELU, in place: torch's took 25 ms of
+    a 425 ms GPT-2 small prefill of 512 tokens here, 1.3 ns an element; the compiled one is vectorised (the same
+    formula, tanh via exp, absolute error ~1e-7). Under a dispatch-level tracer (cost.trace), torch's, which the
+    tracer sees."""
     if (h.dtype == torch.float32 and h.device.type == "cpu" and h.numel() >= _GELU_MIN and h.is_contiguous()
-            and not (torch.is_grad_enabled() and h.requires_grad)):
+            and not (torch.is_grad_enabled() and h.requires_grad) and _current_dispatch_mode() is None):
         mod = kernels.native()
         if mod is not None:
             mod.gelu_tanh_(h)

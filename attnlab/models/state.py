@@ -114,6 +114,7 @@ class Rows:
 
 
 _NO_TABLE = torch.empty(0, dtype=torch.long)
+_DECODE_DTYPES = (torch.float32, torch.bfloat16)  # the cache dtypes attnlab's decode attention reads
 
 
 def fused_decode(q, k_store, v_store, strides: tuple, lens, run, tables=None, block_size: int = 0):
@@ -125,7 +126,7 @@ def fused_decode(q, k_store, v_store, strides: tuple, lens, run, tables=None, bl
     Why: a ragged batch went row by row through SDPA (8 rows of GPT-2 small: 96 calls a step at 17 GB/s here), and
     a paged row whose blocks are not a run was copied before each call."""
     scale = getattr(run, "decode_scale", None)
-    if (scale is None or q.shape[2] != 1 or k_store.dtype not in (torch.float32, torch.bfloat16)
+    if (scale is None or q.shape[2] != 1 or k_store.dtype not in _DECODE_DTYPES
             or k_store.device.type != "cpu"):
         return None
     mod = kernels.native()
@@ -265,10 +266,10 @@ class KVCache(Rows):
         if not self._decode:
             return None
         K, V = self.k[layer], self.v[layer]
-        if K.stride(-1) != 1 or V.stride() != K.stride():
-            return None
+        if K.dtype not in _DECODE_DTYPES or K.stride(-1) != 1 or V.stride() != K.stride():
+            return None  # an fp16 cache, say: the forward's attention widens it
         slots = self.pos if self._T == 1 else (self.pos[:, None] + torch.arange(self._T)).reshape(-1)
-        return K, V, *K.stride()[:3], slots, _NO_TABLE, 0, self._ends
+        return K, V, *K.stride()[:3], slots.contiguous(), _NO_TABLE, 0, self._ends.contiguous()
 
     def rollback(self, pos) -> None:
         """Forget each row's slots from pos[b] on (speculative rejection, prefix reuse): later writes overwrite."""
