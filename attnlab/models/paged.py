@@ -22,7 +22,8 @@ from collections import OrderedDict
 import torch
 
 from attnlab.errors import AttnlabError
-from attnlab.models.state import _DECODE_DTYPES, Rows, as_positions, fused_decode, per_row_attention
+from attnlab.models.cache_attention import DECODE_DTYPES, fused_decode, per_row_attention
+from attnlab.models.state import Rows, as_positions
 
 
 class OutOfBlocks(AttnlabError):
@@ -381,7 +382,7 @@ class PagedKVCache(Rows):
         """As KVCache.decode_slots, through the pool: stride_b = 0, the write slots and block tables absolute."""
         write_slots, write_src = self._plan[:2]
         pk, pv = self.pool.k[layer], self.pool.v[layer]
-        if (write_src is not None or pk.device.type != "cpu" or pk.dtype not in _DECODE_DTYPES or pk.stride(-1) != 1
+        if (write_src is not None or pk.device.type != "cpu" or pk.dtype not in DECODE_DTYPES or pk.stride(-1) != 1
                 or pv.stride() != pk.stride()):
             return None
         return pk, pv, 0, pk.stride(0), pk.stride(1), write_slots, self._table_tensor(), self.block_size, self._ends

@@ -21,8 +21,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
-from attnlab import kernels
 from attnlab.errors import AttnlabError
+from attnlab.models.cache_attention import DECODE_DTYPES, NO_TABLE, fused_decode, per_row_attention
 
 
 @runtime_checkable
@@ -111,47 +111,6 @@ class Rows:
 
     def commit(self) -> None:
         self.pos = self.pos + (self._T if self._lengths is None else self._lengths)
-
-
-_NO_TABLE = torch.empty(0, dtype=torch.long)
-_DECODE_DTYPES = (torch.float32, torch.bfloat16)  # the cache dtypes attnlab's decode attention reads
-
-
-def fused_decode(q, k_store, v_store, strides: tuple, lens, run, tables=None, block_size: int = 0):
-    """A decode step's attention (one new query per row) for every row and head in one call of attnlab's kernel
-    (kernels/decode_attention.cpp), reading each row's keys where they lie: row b, head h, position j at
-    store + b * strides[0] + h * strides[1] + slot(j) * strides[2], slot(j) = j, or through ``tables`` (B, n) of
-    ``block_size``-token blocks. Returns (B, H, 1, D) fp32, or None where it does not apply (another kernel or
-    ALiBi, keys neither fp32 nor bf16 on a CPU, more than one query per row, no compiled kernel): the caller attends as before.
-    Why: a ragged batch went row by row through SDPA (8 rows of GPT-2 small: 96 calls a step at 17 GB/s here), and
-    a paged row whose blocks are not a run was copied before each call."""
-    scale = getattr(run, "decode_scale", None)
-    if (scale is None or q.shape[2] != 1 or k_store.dtype not in _DECODE_DTYPES
-            or k_store.device.type != "cpu"):
-        return None
-    mod = kernels.native()
-    if mod is None:
-        return None
-    B, H, _, D = q.shape
-    lens = lens if isinstance(lens, torch.Tensor) else torch.as_tensor(lens, dtype=torch.long)
-    out = mod.decode_attention(q.reshape(B, H, D).float().contiguous(), k_store, v_store, *strides,
-                               _NO_TABLE if tables is None else tables, block_size, lens, k_store.shape[-3], scale)
-    return out.view(B, H, 1, D)
-
-
-def per_row_attention(q, k_rows, v_rows, ends: list[int], news: list[int], run) -> torch.Tensor:
-    """Attention for a ragged batch, one kernel call per row over exactly its own keys.
-
-    q (B, H, T, D); k_rows(b) / v_rows(b) give row b's keys (1, Hkv, >= ends[b], D) (a tensor indexed by row,
-    or a function); row b's news[b] real queries are its last ones. One padded call would read every row's
-    keys up to the longest row's length (measured on GPT-2 small, 8 rows of 64..992 keys: 2.6 ms per layer,
-    about twice the keys the rows own); per-row calls read each key once."""
-    out = torch.zeros_like(q)
-    for b, (end, n) in enumerate(zip(ends, news)):
-        kb = k_rows[b:b + 1, :, :end] if torch.is_tensor(k_rows) else k_rows(b, end)
-        vb = v_rows[b:b + 1, :, :end] if torch.is_tensor(v_rows) else v_rows(b, end)
-        out[b:b + 1, :, :n] = run(q[b:b + 1, :, :n], kb, vb)
-    return out
 
 
 def _split_rows(cache: "KVCache", rows: list[int]):
@@ -266,10 +225,10 @@ class KVCache(Rows):
         if not self._decode:
             return None
         K, V = self.k[layer], self.v[layer]
-        if K.dtype not in _DECODE_DTYPES or K.stride(-1) != 1 or V.stride() != K.stride():
+        if K.dtype not in DECODE_DTYPES or K.stride(-1) != 1 or V.stride() != K.stride():
             return None  # an fp16 cache, say: the forward's attention widens it
         slots = self.pos if self._T == 1 else (self.pos[:, None] + torch.arange(self._T)).reshape(-1)
-        return K, V, *K.stride()[:3], slots.contiguous(), _NO_TABLE, 0, self._ends.contiguous()
+        return K, V, *K.stride()[:3], slots.contiguous(), NO_TABLE, 0, self._ends.contiguous()
 
     def rollback(self, pos) -> None:
         """Forget each row's slots from pos[b] on (speculative rejection, prefix reuse): later writes overwrite."""
