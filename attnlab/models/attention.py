@@ -150,7 +150,8 @@ class Attention(nn.Module):
 
         run.ordered = slopes is not None  # ALiBi's bias needs a ring cache's keys in position order
         # A cache may answer a decode step (one query per row) with attnlab's fused kernel instead of this one
-        # (cache_attention.fused_decode): only for sdpa, which it computes (no bias, default scale), not for a kernel under study.
+        # (cache_attention.fused_decode): only for sdpa, which it computes (no bias, default scale), not for a
+        # kernel under study.
         run.decode_scale = self.scale if self.kernel is sdpa_attention and slopes is None else None
         out = run(q, k, v) if state is None else state.attention(self.layer_idx, q, k, v, run)
         return out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)

@@ -16,7 +16,8 @@ def fused_decode(q, k_store, v_store, strides: tuple, lens, run, tables=None, bl
     (kernels/decode_attention.cpp), reading each row's keys where they lie: row b, head h, position j at
     store + b * strides[0] + h * strides[1] + slot(j) * strides[2], slot(j) = j, or through ``tables`` (B, n) of
     ``block_size``-token blocks. Returns (B, H, 1, D) fp32, or None where it does not apply (another kernel or
-    ALiBi, keys neither fp32 nor bf16 on a CPU, more than one query per row, no compiled kernel): the caller attends as before.
+    ALiBi, keys neither fp32 nor bf16 on a CPU, more than one query per row, no compiled kernel): the caller
+    attends as before.
     Why: a ragged batch went row by row through SDPA (8 rows of GPT-2 small: 96 calls a step at 17 GB/s here), and
     a paged row whose blocks are not a run was copied before each call."""
     scale = getattr(run, "decode_scale", None)
