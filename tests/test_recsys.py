@@ -5,6 +5,8 @@ import zipfile
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnlab.errors import DataError
 from attnlab.experiments.base import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED
@@ -68,6 +70,63 @@ def test_split_has_no_leakage_and_truncates():
     assert flat == sorted(t for s in data.sequences for t in s[1:-2])
     assert sp.train_windows.shape[1] == 8
     assert train_windows([1, 2, 3, 4, 5, 6], 2) == [[4, 5, 6], [2, 3, 4], [1, 2]]
+
+
+@given(n=st.integers(2, 60), max_len=st.integers(1, 9), shift=st.integers(0, 8))
+@settings(max_examples=200, deadline=None)
+def test_shifted_windows_score_every_target_once_with_full_context(n, max_len, shift):
+    from attnlab.recsys.split import shifted_windows
+
+    shift %= max_len
+    seq = list(range(100, 100 + n))
+    windows, skips = shifted_windows(seq, max_len, shift)
+    scored = [t for w, k in zip(windows, skips) for t in w[1 + k:]]
+    assert sorted(scored) == seq[1:]  # each target once per epoch, none lost or repeated
+    for w, k in zip(windows, skips):
+        assert len(w) <= max_len + 1 and 0 <= k < len(w) - 1
+        assert w == seq[seq.index(w[0]):seq.index(w[0]) + len(w)]  # a contiguous piece of the history
+        assert len(w) == max_len + 1 or w[0] == seq[0]  # context is cut only by max_len or the history's start
+    if shift == 0:
+        assert windows == train_windows(seq, max_len) and not any(skips)
+
+
+def test_epoch_windows_shift_per_epoch_and_the_loss_skips_context_targets():
+    import torch.nn.functional as F
+
+    from attnlab.recsys.split import epoch_windows
+    from attnlab.recsys.train import FitConfig, _loss
+
+    seqs = [list(range(1, 30)), list(range(5, 12))]
+    gen = torch.Generator().manual_seed(0)
+    a, b = epoch_windows(seqs, 6, gen), epoch_windows(seqs, 6, gen)
+    assert a[0].shape[1] == 7 and (a[0].shape != b[0].shape or not torch.equal(a[0], b[0]))
+    torch.manual_seed(0)
+    model = SASRec(40, max_len=6, dim=16, n_layers=1, n_heads=2, dropout=0.0)
+    windows, skip = torch.tensor([[3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 0, 0, 0, 0]]), torch.tensor([4, 0])
+    logits, _ = model(windows[:, :-1])  # (B, T, V)
+    targets = windows[:, 1:].clone()
+    targets[0, :4] = 0  # row 0's first four targets are context only
+    want = F.cross_entropy(logits.reshape(-1, 41), targets.reshape(-1), ignore_index=0)
+    assert _loss(model, windows, FitConfig(), 40, torch.Generator(), skip).item() == pytest.approx(want.item(), rel=1e-5)
+
+
+def test_ema_keeps_the_averaged_weights():
+    """With ema, the kept weights are the moving average, not the last step's weights."""
+    from attnlab.recsys.train import FitConfig, fit
+
+    data = generate(SyntheticConfig(n_users=40, n_items=120, n_topics=4, max_len=20, seed=1))
+    sp = leave_one_out(data, max_len=8)
+    torch.manual_seed(0)
+    model = SASRec(sp.n_items, 8, dim=16, n_layers=1, n_heads=2)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    fit(model, sp, FitConfig(max_epochs=1, ema=0.999, shift_windows=True, seed=0))
+    # 0.999 per step over a handful of steps moves the average about 1% of the way: far less than the raw weights
+    moved = max((model.state_dict()[k] - v).abs().max().item() for k, v in start.items())
+    torch.manual_seed(0)
+    raw = SASRec(sp.n_items, 8, dim=16, n_layers=1, n_heads=2)
+    fit(raw, sp, FitConfig(max_epochs=1, shift_windows=True, seed=0, ema=0.0))
+    raw_moved = max((raw.state_dict()[k] - v).abs().max().item() for k, v in start.items())
+    assert 0 < moved < 0.1 * raw_moved
 
 
 def test_timestamp_ties_keep_file_order():

@@ -72,6 +72,30 @@ def train_windows(seq: list[int], max_len: int) -> list[list[int]]:
     return out
 
 
+def shifted_windows(seq: list[int], max_len: int, shift: int) -> tuple[list[list[int]], list[int]]:
+    """Windows whose cuts sit ``shift`` targets earlier than train_windows' (0 <= shift < max_len), each with the
+    number of its leading targets that are not scored. Every target seq[1:] is still scored once, but the newest
+    ``shift`` targets get a window of their own that keeps up to max_len items of context before them, and every other
+    target sees a different amount of history than under the fixed cuts. A new shift each epoch means a target is not
+    always predicted from the same prefix length (the fixed cuts show the first target of each window one item only)."""
+    ends = ([len(seq)] if shift else []) + list(range(len(seq) - shift, 1, -max_len))
+    windows, skips = [], []
+    for i, end in enumerate(ends):
+        first = max(1, ends[i + 1] if i + 1 < len(ends) else 1)  # this window scores targets seq[first:end]
+        start = max(0, end - 1 - max_len)  # inputs seq[start:end - 1]: up to max_len items
+        windows.append(seq[start:end])
+        skips.append(first - 1 - start)  # targets seq[start + 1:first] were scored by the window before
+    return windows, skips
+
+
+def epoch_windows(sequences: list[list[int]], max_len: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, max_len + 1) windows for one epoch with a random shift per sequence, and (N,) unscored leading targets."""
+    shifts = torch.randint(0, max_len, (len(sequences),), generator=gen).tolist()
+    out = [shifted_windows(s, max_len, r) for s, r in zip(sequences, shifts)]
+    windows = [w for ws, _ in out for w in ws]
+    return _pad(windows, max_len + 1), torch.tensor([k for _, ks in out for k in ks], dtype=torch.long)
+
+
 def leave_one_out(data: Interactions, max_len: int = 50) -> Split:
     if max_len < 1:
         raise ValueError(f"max_len={max_len} must be >= 1")

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.recsys.metrics import K, protocol_ranks, sample_negatives, summarize
-from attnlab.recsys.split import EvalSet, Split
+from attnlab.recsys.split import EvalSet, Split, epoch_windows
 
 LOSSES = ("ce", "bce")
 SCHEDULES = ("constant", "cosine", "linear")
@@ -30,7 +30,7 @@ NEGATIVES_SEED = 2024  # one fixed draw of sampled negatives, identical for ever
 @dataclass
 class FitConfig:
     loss: str = "ce"
-    lr: float = 1e-3
+    lr: float = 2e-3  # with shift_windows and ema; 1e-3 before them (see the tuning record under ``ema``)
     weight_decay: float = 0.0
     batch_size: int = 32  # training windows per step; 32 beat 64 and 128 on ML-100K validation NDCG@10 (more steps)
     max_epochs: int = 200
@@ -49,6 +49,14 @@ class FitConfig:
     warmup_epochs: float = 0.0  # linear warm-up from 0 over this many epochs (counted in steps)
     beta1: float = 0.9  # AdamW's betas; beta2 0.98 (the SASRec paper's) scored 0.0629 / 0.0658 against 0.0650 /
     beta2: float = 0.999  # 0.0704 for 0.999 at 20 epochs, constant 1e-3 (same figures as above)
+    shift_windows: bool = True  # new window cuts each epoch (split.epoch_windows) instead of the fixed ones
+    # > 0: evaluate and keep an exponential moving average of the weights, this decay per optimizer step.
+    # Tuning record (2026-12-01; ML-100K SASRec, seeds 10 and 11, 120 s of training each, batch 32; validation
+    # NDCG@10 at the best epoch / mean of the last 3 epochs, averaged over the two seeds): fixed windows, no
+    # average, 1e-3 0.0731 / 0.0673; shifted windows 0.0793 / 0.0725; average 0.99 0.0728 / 0.0680; both 0.0773 /
+    # 0.0746; both at 2e-3 0.0806 / 0.0768 (kept); both at 2e-3 batch 64 0.0775 / 0.0769; both, average 0.995,
+    # 1e-3 0.0773 / 0.0748. The reported seeds (0, 1, 2) were not used.
+    ema: float = 0.99
 
     def __post_init__(self):
         if self.loss not in LOSSES:
@@ -57,7 +65,7 @@ class FitConfig:
             raise ValueError(f"schedule={self.schedule!r} is not known; choose one of: {', '.join(SCHEDULES)}")
         if not 0 <= self.warmup_epochs < self.max_epochs:
             raise ValueError(f"warmup_epochs={self.warmup_epochs!r} must be >= 0 and below max_epochs={self.max_epochs}")
-        for name in ("beta1", "beta2"):
+        for name in ("beta1", "beta2", "ema"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be in [0, 1)")
         for name in ("lr", "batch_size", "max_epochs", "patience"):
@@ -98,8 +106,11 @@ def lr_factor(step: int, steps_per_epoch: int, cfg: FitConfig) -> float:
     return 0.5 * (1 + math.cos(math.pi * done)) if cfg.schedule == "cosine" else 1.0 - done
 
 
-def _loss(model, windows: torch.Tensor, cfg: FitConfig, n_items: int, gen: torch.Generator) -> torch.Tensor:
+def _loss(model, windows: torch.Tensor, cfg: FitConfig, n_items: int, gen: torch.Generator,
+          skip: torch.Tensor | None = None) -> torch.Tensor:
     inputs, targets = windows[:, :-1], windows[:, 1:]  # (B, T) each; 0 = padding, no loss there
+    if skip is not None:  # (B,) leading targets another window scores this epoch: context only here
+        targets = targets.masked_fill(torch.arange(targets.shape[1]) < skip[:, None], 0)
     h = model.hidden(inputs)  # (B, T, dim)
     if cfg.loss == "ce":
         real = targets != 0  # score only real positions: ~19% of ML-100K's window positions are padding
@@ -119,8 +130,9 @@ def fit(model, split: Split, cfg: FitConfig, progress: bool = False, desc: str =
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             betas=(cfg.beta1, cfg.beta2))
-    windows = split.train_windows
-    steps_per_epoch, step = math.ceil(windows.shape[0] / cfg.batch_size), 0
+    windows, skip = split.train_windows, None
+    steps_per_epoch, step = math.ceil(windows.shape[0] / cfg.batch_size), 0  # the fixed cuts' count, for the schedule
+    averaged = copy.deepcopy(model) if cfg.ema else model  # what is evaluated and kept
     n_targets = split.n_train_targets
     history, best, best_state, since_best, train_s = [], -1.0, None, 0, 0.0
     bar = None
@@ -130,26 +142,32 @@ def fit(model, split: Split, cfg: FitConfig, progress: bool = False, desc: str =
     model.train()
     for epoch in range(1, cfg.max_epochs + 1):
         t0 = time.perf_counter()
+        if cfg.shift_windows:
+            windows, skip = epoch_windows(split.train_sequences, split.max_len, gen)
         order = torch.randperm(windows.shape[0], generator=gen)
         total, steps = 0.0, 0
         for i in range(0, len(order), cfg.batch_size):
             for group in opt.param_groups:
                 group["lr"] = cfg.lr * lr_factor(step, steps_per_epoch, cfg)
             step += 1
-            loss = _loss(model, windows[order[i:i + cfg.batch_size]], cfg, split.n_items, gen)
+            rows = order[i:i + cfg.batch_size]
+            loss = _loss(model, windows[rows], cfg, split.n_items, gen, None if skip is None else skip[rows])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if cfg.ema:
+                with torch.no_grad():
+                    torch._foreach_lerp_(list(averaged.parameters()), list(model.parameters()), 1 - cfg.ema)
             total, steps = total + loss.item(), steps + 1
         epoch_s = time.perf_counter() - t0
         train_s += epoch_s
         t1 = time.perf_counter()
-        val = summarize({"full": evaluate(model, split.valid, split.n_items)["full"]})["full"][f"ndcg@{K}"]
-        test = summarize({"full": evaluate(model, split.test, split.n_items)["full"]})["full"][f"ndcg@{K}"]
+        val = summarize({"full": evaluate(averaged, split.valid, split.n_items)["full"]})["full"][f"ndcg@{K}"]
+        test = summarize({"full": evaluate(averaged, split.test, split.n_items)["full"]})["full"][f"ndcg@{K}"]
         history.append({"epoch": epoch, "loss": total / max(1, steps), "epoch_s": epoch_s, "train_s": train_s,
                         "eval_s": time.perf_counter() - t1, "val_ndcg": val, "test_ndcg": test})
         if val > best:
-            best, best_state, since_best = val, copy.deepcopy(model.state_dict()), 0
+            best, best_state, since_best = val, copy.deepcopy(averaged.state_dict()), 0
         else:
             since_best += 1
         if bar is not None:
