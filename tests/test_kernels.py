@@ -377,3 +377,42 @@ def test_the_compiled_block_step_with_rows_at_different_positions_and_what_it_le
     used = _count_steps(monkeypatch)
     _decode_logits(bidirectional, [[1, 2, 3]], 2)
     assert not any(used)
+
+
+@needs_kernel
+@pytest.mark.parametrize("B,H,Hkv,T,S,D", [(1, 12, 12, 300, 300, 64), (2, 4, 2, 37, 37, 64), (1, 2, 2, 5, 70, 32),
+                                            (2, 4, 4, 100, 233, 128), (1, 3, 1, 2, 9, 16), (1, 2, 2, 65, 65, 80)])
+def test_prefill_attention_equals_the_naive_kernel_causal_at_the_end(B, H, Hkv, T, S, D):
+    """The compiled prefill attention == the naive reference: queries are the last T of S keys (a cache prefix
+    when S > T), grouped-query heads, block edges (T not a multiple of the query block), head sizes 1 to 8 vectors."""
+    from attnlab.models.attention import KERNELS, compiled_prefill
+
+    torch.manual_seed(0)
+    qkv = torch.randn(B, T, H * D + 2 * Hkv * D)
+    q = qkv[..., :H * D].view(B, T, H, D).transpose(1, 2)  # strided views, as the model's split makes them
+    k, v = torch.randn(B, Hkv, S + 3, D)[:, :, :S], torch.randn(B, Hkv, S + 3, D)[:, :, :S]  # a cache's view
+    with torch.no_grad():
+        got = compiled_prefill(q, k, v, D ** -0.5)
+        want = KERNELS["naive"](q, k, v, causal=True, alibi_slopes=None, scale=D ** -0.5)
+        assert got is not None and got.shape == (B, H, T, D)
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+        assert got.transpose(1, 2).is_contiguous()  # merging the heads is a view
+
+
+@needs_kernel
+def test_prefill_attention_stays_out_where_it_does_not_apply():
+    from attnlab.models.attention import compiled_prefill, sdpa_attention
+
+    q, k, v = torch.randn(1, 2, 8, 64), torch.randn(1, 2, 8, 64), torch.randn(1, 2, 8, 64)
+    with torch.no_grad():
+        assert compiled_prefill(q.half(), k.half(), v.half(), 0.125) is None  # fp32 only
+        assert compiled_prefill(q[..., :24], k[..., :24], v[..., :24], 0.2) is None  # not whole vectors
+        assert compiled_prefill(q, k[:, :, :4], v[:, :, :4], 0.125) is None  # more queries than keys
+    leaf = q.clone().requires_grad_()
+    assert compiled_prefill(leaf, k, v, 0.125) is None  # autograd: torch's kernel, whose backward exists
+    out = sdpa_attention(leaf, k, v, causal=True, alibi_slopes=None, scale=0.125)
+    out.sum().backward()
+    assert leaf.grad is not None
+    with torch.no_grad():  # non-causal models keep torch's kernel (the compiled one is causal only)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.125)
+        assert torch.equal(sdpa_attention(q, k, v, causal=False, alibi_slopes=None, scale=0.125), want)

@@ -138,15 +138,19 @@ def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None, between=
 
 
 def _sdpa(B: int, H: int, T: int, S: int, D: int, dtype, copies: int = 1) -> callable:
-    """One SDPA call (causal when T == S), or ``copies`` calls over distinct keys and values in turn (a decode step
-    reads every layer's cache: from DRAM once they outgrow the caches)."""
+    """One call of the engine's ``sdpa`` kernel (causal when T == S; attnlab's compiled prefill attention where it
+    applies, as in the engine's prefill, else torch's SDPA), or ``copies`` calls over distinct keys and values in
+    turn (a decode step reads every layer's cache: from DRAM once they outgrow the caches)."""
+    from attnlab.models.attention import sdpa_attention
+
     q = torch.randn(B, H, T, D, dtype=dtype)
     kvs = [(torch.randn(B, H, S, D, dtype=dtype), torch.randn(B, H, S, D, dtype=dtype)) for _ in range(copies)]
     causal = T == S and T > 1
 
     def fn():
-        for k, v in kvs:
-            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        with torch.no_grad():
+            for k, v in kvs:
+                sdpa_attention(q, k, v, causal=causal, alibi_slopes=None, scale=D ** -0.5)
     return fn
 
 
@@ -172,7 +176,7 @@ def _decode_attention(H: int, S: int, D: int, copies: int = 1) -> callable:
 def attention_tables() -> dict:
     """{"prefill": [[T, D, s]], "decode": [[S, D, bytes cycled, s per call]], "floor": {"prefill": s, "decode": s}}
     for CALIBRATION's head count, batch 1, with an fp32 cache (a bf16 cache is predicted at the same bytes/s:
-    cpu.decode_s counts its bytes). Prefill is causal SDPA; decode is the engine's decode kernel
+    cpu.decode_s counts its bytes). Prefill is the engine's causal ``sdpa`` kernel (_sdpa); decode is the engine's decode kernel
     (_decode_attention), timed over one cache (from the CPU's caches) and over distinct caches adding up to 64 MiB
     (DRAM; at most 200 of them: the smallest stay within the caches, as a small model's do)."""
     H = CALIBRATION["attention_heads"]
@@ -193,12 +197,16 @@ def attention_tables() -> dict:
 
 def _elementwise_mix(M: int, W: int, dtype) -> callable:
     """One layer's non-matmul kernels on M rows, as attnlab runs them: two layer norms, two residual adds, rotary on
-    q and k, tanh-GELU on the 4W hidden layer, the attention output's copy back to (M, W), keys and values written
+    q and k, tanh-GELU on the 4W hidden layer, the attention output's copy back to (M, W) (none in fp32 where the
+    compiled prefill attention writes it merged), keys and values written
     into an fp32 cache, and with weights narrower than fp32 the queries widened to fp32 and the output narrowed
     back (timed so whatever the cache's dtype: a copy's cost, per element)."""
+    from attnlab import kernels
+    from attnlab.models.layers import gelu_tanh_
     from attnlab.models.positional import apply_rotary
 
     H, f32 = 4, torch.float32
+    merge_copy = dtype != f32 or kernels.native() is None  # fp32: the compiled prefill attention writes (M, H, D)
     x, y = torch.randn(M, W, dtype=dtype), torch.randn(M, W, dtype=dtype)
     h = torch.randn(M, 4 * W, dtype=dtype)
     q = torch.randn(1, H, M, W // H, dtype=dtype)
@@ -213,11 +221,13 @@ def _elementwise_mix(M: int, W: int, dtype) -> callable:
         x + y
         apply_rotary(q, cos, sin)
         apply_rotary(q, cos, sin)
-        F.gelu(h, approximate="tanh")
+        with torch.no_grad():
+            gelu_tanh_(h)  # the engine's GELU (compiled, in place, for large fp32 activations)
         cache[:, :, :M] = q  # keys
         cache[:, :, :M] = q  # values
         o = out.to(dtype) if dtype != f32 else out
-        o.transpose(1, 2).reshape(M, W)  # (1, M, H, D) -> (M, W): a copy
+        if merge_copy:
+            o.transpose(1, 2).reshape(M, W)  # (1, M, H, D) -> (M, W): a copy
         if dtype != f32:
             q.to(f32)
     return fn

@@ -22,7 +22,8 @@ import time
 import warnings
 from pathlib import Path
 
-SOURCES = [Path(__file__).with_name(n) for n in ("few_rows.cpp", "decode_attention.cpp", "block_step.cpp",
+SOURCES = [Path(__file__).with_name(n) for n in ("few_rows.cpp", "decode_attention.cpp", "prefill_attention.cpp",
+                                                   "block_step.cpp",
                                                    "activations.h", "evict.cpp", "bindings.cpp", "simd.h")]
 BUILT = Path(__file__).with_name("bindings.cpp")  # the one unit compiled: it includes the others
 # -ffp-contract=off: the compiler may not fuse a multiply and an add in one place and not in another, so every

@@ -3,6 +3,7 @@
 // (three units took 2.5 minutes on 2 busy cores; one takes a third of that).
 #include "few_rows.cpp"
 #include "decode_attention.cpp"
+#include "prefill_attention.cpp"
 #include "block_step.cpp"
 #include "evict.cpp"
 
@@ -14,5 +15,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_decode", &block_decode, "a block's whole decode step: pre, rotary, cache write, attention, post");
   m.def("gelu_tanh_", &gelu_tanh_, "GELU (tanh approximation) in place, fp32");
   m.def("evict", &evict, "flush a tensor's bytes from every cache level");
+  m.def("lanes", []() { return int64_t(attnlab::VW); }, "fp32 lanes of one vector in this build");
+  m.def("prefill_attention", &prefill_attention, "causal attention of T new queries per row over S >= T keys, fp32");
   m.def("decode_attention", &decode_attention, "one query per row over each row's own keys (paged or contiguous)");
 }

@@ -99,6 +99,9 @@ inline float lanes_sum(vf v) {  // a fixed order: the result depends on v alone
 
 #if defined(__AVX512F__)
 inline float hsum(vf v) { return _mm512_reduce_add_ps(v); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 inline vf splat(float a) { return _mm512_set1_ps(a); }
 inline void store_x(float* p, vf v) { _mm512_storeu_ps(p, v); }
 inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
@@ -129,6 +132,9 @@ inline float hsum(vf v) {
   return _mm_cvtss_f32(s);
 }
 inline vf splat(float a) { return _mm256_set1_ps(a); }
+inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 inline void store_x(float* p, vf v) { _mm256_storeu_ps(p, v); }
 inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
 inline vf vmin(vf a, vf b) { return _mm256_min_ps(a, b); }
@@ -158,6 +164,9 @@ inline vf vexp(vf x) {
 #else
 inline float hsum(vf v) { return v; }
 inline vf splat(float a) { return a; }
+inline vf vadd(vf a, vf b) { return a + b; }
+inline vf vsub(vf a, vf b) { return a - b; }
+inline vf vmul(vf a, vf b) { return a * b; }
 inline void store_x(float* p, vf v) { *p = v; }
 inline vf vmax(vf a, vf b) { return std::max(a, b); }
 inline vf vmin(vf a, vf b) { return std::min(a, b); }
