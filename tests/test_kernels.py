@@ -285,6 +285,28 @@ def test_the_compiled_block_step_sees_swapped_modules(monkeypatch):
 
 
 @needs_kernel
+def test_the_compiled_block_step_sees_narrow_norm_weights_change_in_place(monkeypatch):
+    """A bf16 model's norm weights are widened once, when the plan is built; changing one in place, or swapping
+    its data, after a step rebuilds the plan at the next one."""
+    from attnlab.engine.quantize import set_precision
+    from attnlab.models import block_step, build_model
+    from conftest import tiny
+
+    model = set_precision(build_model(tiny(dim=32)).eval(), "bf16")
+    _decode_logits(model, [[1, 2, 3]], 1)  # plans kept, with fp32 copies of the norms' bf16 weights
+    blk = model.backbone.blocks[0]
+    with torch.no_grad():
+        blk.attn_norm.weight.mul_(3.0)
+    blk.mlp_norm.weight.data = torch.randn_like(blk.mlp_norm.weight)
+    fused = _decode_logits(model, [[1, 2, 3]], 2)
+    monkeypatch.setattr(block_step, "ENABLED", False)
+    plain = _decode_logits(model, [[1, 2, 3]], 2)
+    assert (fused - plain).abs().max() < 0.05 * plain.abs().max()  # bf16 rounding apart, the same function
+    widened = blk.__dict__["_step_plan"][3]
+    assert widened and all(t.dtype == torch.bfloat16 for t, _ in widened)
+
+
+@needs_kernel
 def test_decode_attention_reads_a_bf16_cache():
     g = torch.Generator().manual_seed(3)
     B, H, Hkv, d, max_len = 3, 4, 2, 64, 40

@@ -42,13 +42,13 @@ _NONE = torch.empty(0)
 ENABLED = True
 
 
-def _linear(lin) -> tuple | None:
+def _linear(lin, widened: list) -> tuple | None:
     """(weight (out, in), fp32 scale or empty, bias or empty) as the compiled product takes them, or None."""
     if type(lin) is nn.Linear:
         w = lin.weight
         if w.dtype not in (torch.float32, torch.bfloat16) or not w.is_contiguous():
             return None
-        return w, _NONE, _NONE if lin.bias is None else lin.bias
+        return w, _NONE, _NONE if lin.bias is None else _wide(lin.bias, widened)
     path = getattr(lin, "path", None)
     if path == "matmul":  # DenseLinear's (in, out) layout: handed over as its (out, in) view, torch's product
         return lin.weight_t.t(), _NONE, _NONE if lin.bias is None else lin.bias
@@ -57,12 +57,26 @@ def _linear(lin) -> tuple | None:
     return lin.weight, getattr(lin, "_scale32", _NONE), lin._bias32
 
 
-def _norm(norm) -> tuple | None:
+def _wide(t: torch.Tensor, widened: list) -> torch.Tensor:
+    """``t`` in fp32 for the kernel, which computes in fp32: a narrower tensor is widened once here, not at every
+    step (a bf16 GPT-2 small spent ~0.5 ms a token widening its norms' weights), and noted in ``widened`` so the
+    plan is rebuilt when the tensor changes (in place, or its data swapped)."""
+    if t.dtype == torch.float32 or not t.numel():
+        return t
+    widened.append((t, _stamp(t)))
+    return t.detach().float().contiguous()
+
+
+def _stamp(t: torch.Tensor) -> tuple:
+    return t._version, t.data_ptr(), t.dtype
+
+
+def _norm(norm, widened: list) -> tuple | None:
     """(weight, bias or empty, is_rms, eps) or None."""
     if isinstance(norm, RMSNorm):
-        return norm.weight, _NONE, True, norm.eps
+        return _wide(norm.weight, widened), _NONE, True, norm.eps
     if type(norm) is nn.LayerNorm and norm.elementwise_affine and norm.weight.dim() == 1:
-        return norm.weight, _NONE if norm.bias is None else norm.bias, False, norm.eps
+        return _wide(norm.weight, widened), _NONE if norm.bias is None else _wide(norm.bias, widened), False, norm.eps
     return None
 
 
@@ -85,10 +99,11 @@ def plan(block) -> tuple | None:
     parts = _parts(block)
     key = tuple(map(id, parts))  # the kept plan holds every part, so no id can be reused while it lives
     kept = block.__dict__.get("_step_plan")
-    if kept is not None and kept[0] == key:
+    if kept is not None and kept[0] == key and all(_stamp(t) == stamp for t, stamp in kept[3]):
         return kept[1]
-    built = _build(block) if parts else None
-    block.__dict__["_step_plan"] = (key, built, parts)
+    widened = []  # (tensor, stamp) of each tensor the plan holds an fp32 copy of
+    built = _build(block, widened) if parts else None
+    block.__dict__["_step_plan"] = (key, built, parts, widened)
     return built
 
 
@@ -111,13 +126,13 @@ def forget(model: nn.Module) -> None:
         m.__dict__.pop("_step_plan", None)
 
 
-def _build(block) -> tuple | None:
+def _build(block, widened: list) -> tuple | None:
     attn, mlp = block.attn, block.mlp
     if attn.kernel is not sdpa_attention or not attn.causal:  # the compiled attention is causal softmax
         return None
-    n1, n2 = _norm(block.attn_norm), _norm(block.mlp_norm)
-    qkv, wo, w1, w2 = _linear(attn.wqkv), _linear(attn.wo), _linear(mlp.w1), _linear(mlp.w2)
-    w3 = _linear(mlp.w3) if mlp.gated else (_NONE, _NONE, _NONE)
+    n1, n2 = _norm(block.attn_norm, widened), _norm(block.mlp_norm, widened)
+    qkv, wo, w1, w2 = (_linear(m, widened) for m in (attn.wqkv, attn.wo, mlp.w1, mlp.w2))
+    w3 = _linear(mlp.w3, widened) if mlp.gated else (_NONE, _NONE, _NONE)
     if None in (n1, n2, qkv, wo, w1, w2, w3):
         return None
     return (*n1, *qkv), (*wo, *n2, *w1, *w2, *w3)
