@@ -304,6 +304,9 @@ def test_the_compiled_block_step_sees_narrow_norm_weights_change_in_place(monkey
     assert (fused - plain).abs().max() < 0.05 * plain.abs().max()  # bf16 rounding apart, the same function
     widened = blk.__dict__["_step_plan"][3]
     assert widened and all(t.dtype == torch.bfloat16 for t, _ in widened)
+    with torch.inference_mode():  # weights made as inference tensors have no version counter (cost --validate)
+        inf_model = set_precision(build_model(tiny(dim=32)).eval(), "bf16")
+        assert _decode_logits(inf_model, [[1, 2, 3]], 2).isfinite().all()
 
 
 @needs_kernel

@@ -206,7 +206,8 @@ def _elementwise_mix(M: int, W: int, dtype) -> callable:
     from attnlab.models.positional import apply_rotary
 
     H, f32 = 4, torch.float32
-    merge_copy = dtype != f32 or kernels.native() is None  # fp32: the compiled prefill attention writes (M, H, D)
+    mod = kernels.native()  # fp32 heads the compiled prefill attention takes: it writes (M, H, D), merged
+    merge_copy = dtype != f32 or mod is None or (W // H) % mod.lanes() or (W // H) // mod.lanes() > 8
     x, y = torch.randn(M, W, dtype=dtype), torch.randn(M, W, dtype=dtype)
     h = torch.randn(M, 4 * W, dtype=dtype)
     q = torch.randn(1, H, M, W // H, dtype=dtype)

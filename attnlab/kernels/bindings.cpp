@@ -16,6 +16,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gelu_tanh_", &gelu_tanh_, "GELU (tanh approximation) in place, fp32");
   m.def("evict", &evict, "flush a tensor's bytes from every cache level");
   m.def("lanes", []() { return int64_t(attnlab::VW); }, "fp32 lanes of one vector in this build");
-  m.def("prefill_attention", &prefill_attention, "causal attention of T new queries per row over S >= T keys, fp32");
+  m.def("prefill_attention", &prefill_attention, "causal attention of T new queries per row over S >= T keys, fp32",
+        py::call_guard<py::gil_scoped_release>());  // milliseconds a layer: a server's event loop runs meanwhile
   m.def("decode_attention", &decode_attention, "one query per row over each row's own keys (paged or contiguous)");
 }

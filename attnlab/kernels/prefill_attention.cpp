@@ -32,7 +32,7 @@ constexpr int64_t KC = 64;  // keys per chunk
 // each row's rescale. DV = D / VW vectors per row, R rows at a time in registers.
 template <int DV>
 void accumulate(float* o, const float* p, const float* alpha, const float* v, int64_t stride_s, int64_t kc) {
-  constexpr int R = DV <= 4 ? 4 : 2;
+  constexpr int R = std::min<int64_t>(DV <= 4 ? 4 : 2, QB);  // a scalar build's block is 2 queries
   for (int64_t i0 = 0; i0 < QB; i0 += R) {
     vf acc[R][DV];
     for (int r = 0; r < R; r++) {

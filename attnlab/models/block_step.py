@@ -68,7 +68,10 @@ def _wide(t: torch.Tensor, widened: list) -> torch.Tensor:
 
 
 def _stamp(t: torch.Tensor) -> tuple:
-    return t._version, t.data_ptr(), t.dtype
+    """What changes when a tensor is written in place (its version), or its data swapped. Not seen: an in-place
+    change through ``.data`` (no version bump) or to an inference tensor (no version counter): call ``forget``
+    after one of those."""
+    return (None if t.is_inference() else t._version), t.data_ptr(), t.dtype
 
 
 def _norm(norm, widened: list) -> tuple | None:
@@ -121,7 +124,7 @@ def disabled():
 
 def forget(model: nn.Module) -> None:
     """Drop every kept plan under ``model`` (after swapping its modules: a plan holds the tensors it was built
-    from)."""
+    from; or after changing a narrow norm weight in a way _stamp cannot see)."""
     for m in model.modules():
         m.__dict__.pop("_step_plan", None)
 

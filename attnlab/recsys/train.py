@@ -132,7 +132,10 @@ def fit(model, split: Split, cfg: FitConfig, progress: bool = False, desc: str =
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             betas=(cfg.beta1, cfg.beta2))
     windows, skip = split.train_windows, None
-    steps_per_epoch, step = math.ceil(windows.shape[0] / cfg.batch_size), 0  # the fixed cuts' count, for the schedule
+    if cfg.shift_windows:  # shifted cuts make more windows than the fixed ones (one more per shifted history)
+        windows, skip = epoch_windows(split.train_sequences, split.max_len, gen)
+    # The schedule's epoch length: the first epoch's step count (shifted cuts vary by a few windows per epoch).
+    steps_per_epoch, step = math.ceil(windows.shape[0] / cfg.batch_size), 0
     averaged = copy.deepcopy(model) if cfg.ema else model  # what is evaluated and kept
     n_targets = split.n_train_targets
     history, best, best_state, since_best, train_s = [], -1.0, None, 0, 0.0
@@ -143,7 +146,7 @@ def fit(model, split: Split, cfg: FitConfig, progress: bool = False, desc: str =
     model.train()
     for epoch in range(1, cfg.max_epochs + 1):
         t0 = time.perf_counter()
-        if cfg.shift_windows:
+        if cfg.shift_windows and epoch > 1:
             windows, skip = epoch_windows(split.train_sequences, split.max_len, gen)
         order = torch.randperm(windows.shape[0], generator=gen)
         total, steps = 0.0, 0
