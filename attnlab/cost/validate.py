@@ -10,9 +10,10 @@ or slower its kind of work ran beside the case than during the calibration (cpu.
 predictions are kept beside (``error_unpaced``).
 
 Each case is a randomly initialised attnlab transformer (seed 0) run by the engine in a fresh process: time to
-first token = a generate() call that returns one token; decode time per step = (a call for NEW_TOKENS - a call
-for one) / (NEW_TOKENS - 1); the two calls alternate, after a warm-up, and each figure is the median over the
-repeats (calibrate.time_generate). With one thread (the default) the clock is the process's CPU time, which is
+first token = a generate() call that returns one token; decode time per step = (a call for NEW_TOKENS - the call
+for one just before it) / (NEW_TOKENS - 1); the two calls alternate, after a warm-up, and each figure is the median
+over the repeats (calibrate.time_generate; the decode figure is the median of the pairs' differences since
+2026-12-01: a difference of the two medians came out negative once). With one thread (the default) the clock is the process's CPU time, which is
 its wall time on an idle core: on a busy machine a run longer than a scheduler slice waits for the core (here up
 to 2x), a micro-benchmark shorter than one rarely does, so wall time would compare unlike with like; the wall
 times are kept beside. With more threads the clock is wall time. ``cost.cpu`` predicts both figures from the
