@@ -169,7 +169,7 @@ def _matrix_params(a: Arch) -> tuple[int, int]:
 
 
 def part_kinds(phase: str, dtype: str) -> dict:
-    """Which pace (calibrate.Pulse) each part of a phase keeps: matrix arithmetic in its dtype (attention runs in
+    """Which pace (engine_timing.Pulse) each part of a phase keeps: matrix arithmetic in its dtype (attention runs in
     the fp32 cache's dtype, elementwise kernels on fp32 vector units), streaming from memory, or dispatch."""
     if phase == "prefill":
         return {"overhead": "dispatch", "linear": dtype if dtype in ("fp32", "bf16") else "fp32",
@@ -184,7 +184,7 @@ def pace(calibration_pulse: dict, now_pulse: dict, clock: str) -> dict:
 
 def at_pace(parts: dict, phase: str, dtype: str, calibration_pulse: dict, now_pulse: dict, clock: str) -> dict:
     """``parts`` (predicted at the calibration's pace) each scaled by how much slower (> 1) or faster its kind ran
-    now: the ratio of the pulse's medians now and during the calibration (calibrate.Pulse.medians)."""
+    now: the ratio of the pulse's medians now and during the calibration (engine_timing.Pulse.medians)."""
     kinds = part_kinds(phase, dtype)
     out = {k: v * now_pulse[clock][kinds[k]] / calibration_pulse[clock][kinds[k]]
            for k, v in parts.items() if k != "total"}
@@ -194,7 +194,7 @@ def at_pace(parts: dict, phase: str, dtype: str, calibration_pulse: dict, now_pu
 
 def prefill_s(a: Arch, batch: int, T: int, micro: dict, dtype: str, ops: dict, clock: str = "wall") -> dict:
     """Predicted seconds of the engine's prefill (time to first token) of ``batch`` prompts of T tokens, by part.
-    ``ops``: the tracer's counts (calibrate.op_counts)."""
+    ``ops``: the tracer's counts (engine_timing.op_counts)."""
     o = overheads(micro, clock)["prefill"]
     M, L, D = batch * T, a.n_layers, a.head_dim
     layer_w, head_w = _matrix_params(a)

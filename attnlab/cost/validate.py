@@ -4,7 +4,7 @@ The ``local`` spec is calibrated by micro-benchmarks only (``cost.calibrate``), 
 validation cases below uses (``check_disjoint`` refuses to run otherwise), in the same run: before the first
 case, and again after every GROUP cases; each case is predicted from the two calibrations around it (the mean of
 the two predictions), because on a shared machine the pace drifts by tens of percent within minutes. A 15 ms
-pulse of plain kernels (calibrate.Pulse: fp32 and bf16 matmul, a memory sum, tiny ops) is timed between the
+pulse of plain kernels (engine_timing.Pulse: fp32 and bf16 matmul, a memory sum, tiny ops) is timed between the
 calibration's benchmarks and between each case's repeats; each part of a prediction is scaled by how much faster
 or slower its kind of work ran beside the case than during the calibration (cpu.at_pace). The unscaled
 predictions are kept beside (``error_unpaced``).
@@ -12,11 +12,11 @@ predictions are kept beside (``error_unpaced``).
 Each case is a randomly initialised attnlab transformer (seed 0) run by the engine in a fresh process: time to
 first token = a generate() call that returns one token; decode time per step = (a call for NEW_TOKENS - the call
 for one just before it) / (NEW_TOKENS - 1); the two calls alternate, after a warm-up, and each figure is the median
-over the repeats (calibrate.time_generate; the decode figure is the median of the pairs' differences since
-2026-12-01: a difference of the two medians came out negative once). With one thread (the default) the clock is the process's CPU time, which is
-its wall time on an idle core: on a busy machine a run longer than a scheduler slice waits for the core (here up
-to 2x), a micro-benchmark shorter than one rarely does, so wall time would compare unlike with like; the wall
-times are kept beside. With more threads the clock is wall time. ``cost.cpu`` predicts both figures from the
+over the repeats (engine_timing.time_generate; the decode figure is the median of the pairs' differences since
+2026-12-01: a difference of the two medians came out negative once). With one thread (the default) the clock is
+the process's CPU time, which is its wall time on an idle core: on a busy machine a run longer than a scheduler
+slice waits for the core (here up to 2x), a micro-benchmark shorter than one rarely does, so wall time would
+compare unlike with like; the wall times are kept beside. With more threads the clock is wall time. ``cost.cpu`` predicts both figures from the
 micro-benchmarks and the tracer's op counts. Error = predicted / measured - 1. Cases in a dtype this CPU only
 emulates are skipped, and say so.
 """
@@ -104,7 +104,7 @@ def check_disjoint(cases=CASES) -> None:
 def measure(case: Case, repeats: int) -> dict:
     """Time the engine on one case in this process (set_precision for the case's batch, as a server would), with
     the calibration's pulse timed between the repeats."""
-    from attnlab.cost.calibrate import Pulse, time_generate
+    from attnlab.cost.engine_timing import Pulse, time_generate
     from attnlab.engine.quantize import set_precision
     from attnlab.models import build_model
 
@@ -130,7 +130,7 @@ def predict(case: Case, micro: dict, clock: str = "cpu", ops: dict | None = None
     counted now)."""
     from attnlab.cost import cpu
     from attnlab.cost.arch import from_model_config
-    from attnlab.cost.calibrate import op_counts
+    from attnlab.cost.engine_timing import op_counts
 
     cfg = case.model_config()
     a = from_model_config(cfg)
