@@ -3,10 +3,12 @@
 Each step takes a batch of training windows (split.py) and puts a loss at every position at once:
 ``ce`` = cross-entropy over all items (the default; "Revisiting SASRec", Klenitskiy & Vasilev, RecSys 2023, found it
 best) or ``bce`` = the SASRec paper's binary cross-entropy with one random negative per position; padding positions
-are never scored. AdamW, its learning rate set per step by ``lr_factor`` (optional warm-up, then constant or decaying
+are never scored. Each epoch cuts the histories into windows at new places (``shift_windows``, split.epoch_windows).
+AdamW, its learning rate set per step by ``lr_factor`` (optional warm-up, then constant or decaying
 to 0 at ``max_epochs``, counted in steps so a run does not depend on the machine's speed). After every
-epoch the model is scored on the validation users (full-ranking NDCG@10) and training stops when that has not
-improved for ``patience`` epochs; the best epoch's weights are restored. Test metrics are recorded per epoch for the
+epoch the model (with ``ema``, the moving average of its weights) is scored on the validation users (full-ranking
+NDCG@10) and training stops when that has not improved for ``patience`` epochs; the best epoch's weights are
+restored. Test metrics are recorded per epoch for the
 learning curve only: nothing is chosen on them.
 """
 from __future__ import annotations
