@@ -60,7 +60,7 @@ def _cost_validate(args) -> int:
     print(f"  elementwise layer mix on rows {c['elementwise_rows']} x W;  overhead probe: dim {p['dim']}, "
           f"{p['layers']} layers, {p['batch']} sequences, prompt {p['prompt']}")
     print(f"  run {len(res['calibrations'])} times, before, between and after the cases; each case predicted from "
-          "the two around it, at the pace a 15 ms pulse saw beside it")
+          "the two around it, at the pace a 150 ms pulse saw beside it")
     print(f"\n{'case':30s} {'phase':8s} {'predicted':>11s} {'measured':>11s} {'error':>8s}  calibrations differ")
     for r in res["rows"]:
         each = r["predicted_by_calibration_s"]

@@ -18,7 +18,7 @@ whole model, but one 16 wide, which ``attnlab cost --validate`` never validates.
 - ``probe`` (engine_timing.py): a 16-wide transformer of 1 and 16 layers, run by the engine (1 and 6
   sequences): the fixed cost of each dispatched op and of each engine step;
 - ``memory``: the bandwidth of a large sum (reading) and of first-touch writes to fresh zeros (a new KV cache);
-- ``pulse``: a 15 ms reference of the machine's pace (``engine_timing.Pulse``), timed between the benchmarks,
+- ``pulse``: a 150 ms reference of the machine's pace (``engine_timing.Pulse``), timed between the benchmarks,
   which a validation times again beside each case.
 
 Every figure is the median of its repeats after a warm-up, kept on two clocks: wall time (what a user waits

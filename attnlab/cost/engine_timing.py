@@ -20,10 +20,17 @@ def _probe_config(layers: int):
 
 
 class Pulse:
-    """A 15 ms reference of the machine's pace, one figure per kind of work, on plain torch kernels (no layout
+    """A ~150 ms reference of the machine's pace, one figure per kind of work, on plain torch kernels (no layout
     chosen by measurement: every process runs the same ones): ``fp32`` and ``bf16`` (a 320 x 320 by 320 x 1280
-    matmul in each dtype, a calibration shape), ``memory`` (the sum of 64 MiB) and ``dispatch`` (100 additions of
+    matmul in each dtype, a calibration shape), ``memory`` (sums of four 128 MiB buffers in turn) and ``dispatch`` (100 additions of
     16 numbers).
+
+    The memory sums read 512 MiB a call, more than this machine's 300 MiB last-level cache, so each buffer has left
+    the cache by the time it is read again, whatever ran before. Until 2026-12-01 it was one 64 MiB sum, which read
+    at 26.7 GB/s just after itself and at 15.6 GB/s after 512 MiB of other reads: its figure said what ran before
+    it rather than the pace (beside a small model's decode 10-30% faster than between the calibration's large
+    benchmarks, so every decode prediction scaled by it came out 15-20% low); one 256 MiB sum still ran 5-17%
+    faster beside the cases.
 
     Why: on this shared machine the pace changes within seconds, even in CPU time: the same bf16 matmul ran at
     490, 1220 and 780 GFLOP/s in one process a few seconds apart (other tenants share the cores' matrix units
@@ -33,13 +40,13 @@ class Pulse:
 
     def __init__(self, dtypes=("fp32", "bf16")):
         a, b = torch.randn(320, 320), torch.randn(320, 1280)
-        big = torch.ones(16 * MiB)
+        bufs = [torch.ones(32 * MiB) for _ in range(4)]  # 4 x 128 MiB of fp32
         x, y = torch.ones(16), torch.ones(16)
 
         def dispatch():
             for _ in range(100):
                 x + y
-        self._fns = {"memory": (lambda: big.sum(), 1), "dispatch": (dispatch, 2)}
+        self._fns = {"memory": (lambda: [b.sum() for b in bufs], 1), "dispatch": (dispatch, 2)}
         for d, (ad, bd) in {"fp32": (a, b), "bf16": (a.bfloat16(), b.bfloat16())}.items():
             if d in dtypes:
                 self._fns[d] = (lambda ad=ad, bd=bd: ad @ bd, 3)
@@ -55,42 +62,55 @@ class Pulse:
                 for clock in ("wall", "cpu")}
 
 
+def stamped_generate(model, prompts: list[list[int]], new_tokens: int) -> dict:
+    """One generation as ``engine.generate`` runs it (a Scheduler stepped until every sequence is done), with both
+    clocks read from before the scheduler exists and after every step: {clock: (ttft, decode)}, TTFT = until
+    every sequence has its first token, decode = the rest of the call over the tokens it added per sequence."""
+    from attnlab.engine.sampling import SamplingParams
+    from attnlab.engine.scheduler import Scheduler, Sequence
+
+    w0, c0 = time.perf_counter(), time.process_time()
+    sched = Scheduler(model, max_len=max(len(p) for p in prompts) + new_tokens, max_batch=len(prompts))
+    seqs = [sched.submit(Sequence(list(p), new_tokens, SamplingParams())) for p in prompts]
+    first = None
+    while sched.has_work:
+        sched.step()
+        if first is None and all(s.tokens for s in seqs):
+            first = time.perf_counter(), time.process_time(), min(len(s.tokens) for s in seqs)
+    w1, c1 = time.perf_counter(), time.process_time()
+    steps = min(len(s.tokens) for s in seqs) - first[2]
+    return {"wall": (first[0] - w0, (w1 - first[0]) / max(steps, 1)),
+            "cpu": (first[1] - c0, (c1 - first[1]) / max(steps, 1))}
+
+
 def time_generate(model, prompts: list[list[int]], new_tokens: int, repeats: int, min_warm_s: float = 0.5,
                   pulse: Pulse | None = None) -> dict:
-    """Wall and CPU seconds of the engine's generate(), timed from outside, as the user waits for it:
-    TTFT = a call that returns one new token; per-step decode = (a call for ``new_tokens`` - the call for one just
-    before it) / (new_tokens - 1). The two calls alternate, after a warm-up of both; the median TTFT and the median
-    of the pairs' differences.
-    A ``pulse`` is timed after the warm-up and after each pair (its medians are returned under "pulse")."""
-    from attnlab.engine import generate
+    """Wall and CPU seconds of the engine's generation as the user waits for it, both from the same calls
+    (``stamped_generate``): TTFT, and the decode time per step from the steps after the first token (TPOT). The
+    median over ``repeats`` calls, after a warm-up; a ``pulse`` is timed after the warm-up and after each call (its
+    medians are returned under "pulse").
 
-    def call(n):
-        w, c = time.perf_counter(), time.process_time()
-        generate(model, prompts, n)
-        return time.perf_counter() - w, time.process_time() - c
-
+    Why per-step stamps: decode used to be (a call for ``new_tokens`` - a call for one) / (new_tokens - 1), and
+    where the prefill dwarfs the steps (a 2,048-token prompt, ~50 ms, against 16 steps of ~0.7 ms) the prefill's
+    noise drowned them: the same model's figure came out 0.33-0.74 ms in four runs, and once negative (-0.46 ms
+    a step, a 1,024-token bf16 prompt). Changed 2026-12-01 (cost --validate's docstring records it)."""
     start, warm = time.perf_counter(), 0
-    while warm < 1 or time.perf_counter() - start < min_warm_s:  # thread pools, allocator, first touch
-        call(1)
-        call(new_tokens)
+    while warm < 2 or time.perf_counter() - start < min_warm_s:  # thread pools, allocator, first touch
+        stamped_generate(model, prompts, new_tokens)
         warm += 1
     if pulse is not None:
         pulse()
-    one, many = [], []
+    calls = []
     for _ in range(repeats):
-        one.append(call(1))
-        many.append(call(new_tokens))
+        calls.append(stamped_generate(model, prompts, new_tokens))
         if pulse is not None:
             pulse()
     out = {"pulse": pulse.medians()} if pulse is not None else {}
-    for k, clock in enumerate(("wall", "cpu")):
-        # Decode from each pair's own difference (the two calls ran back to back), then the median: a difference
-        # of two medians mixed calls from different moments of a noisy host, and where the prefill dwarfs the
-        # decode steps (a 1,024-token bf16 prompt, 16 steps) it once came out negative (-0.46 ms a step).
-        out[clock] = {"ttft": statistics.median(x[k] for x in one),
-                      "decode": statistics.median(b[k] - a[k] for a, b in zip(one, many)) / (new_tokens - 1)}
-    out["spread"] = {"ttft_min": min(x[0] for x in one), "ttft_max": max(x[0] for x in one),
-                     "many_min": min(x[0] for x in many), "many_max": max(x[0] for x in many)}
+    for clock in ("wall", "cpu"):
+        out[clock] = {"ttft": statistics.median(c[clock][0] for c in calls),
+                      "decode": statistics.median(c[clock][1] for c in calls)}
+    out["spread"] = {"ttft_min": min(c["wall"][0] for c in calls), "ttft_max": max(c["wall"][0] for c in calls),
+                     "decode_min": min(c["wall"][1] for c in calls), "decode_max": max(c["wall"][1] for c in calls)}
     return out
 
 

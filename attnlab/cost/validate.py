@@ -3,17 +3,20 @@
 The ``local`` spec is calibrated by micro-benchmarks only (``cost.calibrate``), at shapes none of the
 validation cases below uses (``check_disjoint`` refuses to run otherwise), in the same run: before the first
 case, and again after every GROUP cases; each case is predicted from the two calibrations around it (the mean of
-the two predictions), because on a shared machine the pace drifts by tens of percent within minutes. A 15 ms
+the two predictions), because on a shared machine the pace drifts by tens of percent within minutes. A 150 ms
 pulse of plain kernels (engine_timing.Pulse: fp32 and bf16 matmul, a memory sum, tiny ops) is timed between the
 calibration's benchmarks and between each case's repeats; each part of a prediction is scaled by how much faster
 or slower its kind of work ran beside the case than during the calibration (cpu.at_pace). The unscaled
 predictions are kept beside (``error_unpaced``).
 
-Each case is a randomly initialised attnlab transformer (seed 0) run by the engine in a fresh process: time to
-first token = a generate() call that returns one token; decode time per step = (a call for NEW_TOKENS - the call
-for one just before it) / (NEW_TOKENS - 1); the two calls alternate, after a warm-up, and each figure is the median
-over the repeats (engine_timing.time_generate; the decode figure is the median of the pairs' differences since
-2026-12-01: a difference of the two medians came out negative once). With one thread (the default) the clock is
+Each case is a randomly initialised attnlab transformer (seed 0) run by the engine in a fresh process, generating
+NEW_TOKENS tokens per call with both clocks read after every scheduler step (engine_timing.time_generate): time to
+first token = until every sequence has its first token; decode time per step = the rest of the call over the steps
+it took; each figure is the median over the repeats, after a warm-up. History: until 2026-12-01 the decode figure
+was (a call for NEW_TOKENS - a call for one) / (NEW_TOKENS - 1), first as a difference of medians, which came out
+negative once (-0.46 ms a step under a 1,024-token bf16 prompt), then as the median of each pair's difference,
+which the prefill's noise still drowned (the 2,048-token case's figure: 0.33-0.74 ms in four runs; per-step stamps:
+0.68 ms, twice). The same day the pulse's memory sum grew from 64 to 256 MiB (engine_timing.Pulse says why). With one thread (the default) the clock is
 the process's CPU time, which is its wall time on an idle core: on a busy machine a run longer than a scheduler
 slice waits for the core (here up to 2x), a micro-benchmark shorter than one rarely does, so wall time would
 compare unlike with like; the wall times are kept beside. With more threads the clock is wall time. ``cost.cpu`` predicts both figures from the
