@@ -7,7 +7,7 @@ whole model, but one 16 wide, which ``attnlab cost --validate`` never validates.
 - ``linear_prefill``: seconds for one layer's four matrices (W x 3W, W x W, W x 4W, 4W x W, through DenseLinear)
   on M rows, by dtype: the FLOP/s a prefill's matmuls reach, by row count and width;
 - ``linear_decode``: seconds for a row or a few rows times many such sets, cycled, whose weights add up to a
-  working set of 1 to 160 MiB: the bytes/s a decode step's weight streaming reaches, from cache or from DRAM;
+  working set of 1 to 640 MiB: the bytes/s a decode step's weight streaming reaches, from cache or from DRAM;
 - ``attention``: seconds of one causal SDPA call over T tokens (prefill), and of one query over S cached fp32 keys
   (decode) through the engine's decode kernel;
 - ``elementwise``: seconds for one layer's non-matmul kernels (two layer norms, two adds, rotary on q and k,
@@ -41,7 +41,10 @@ CALIBRATION = {
     "widths": (96, 320, 1280),  # W: a layer's matrices W x 3W, W x W, W x 4W, 4W x W
     "prefill_rows": (48, 320, 1536),  # M for the prefill matmul table (skipped above PREFILL_FLOP_CAP)
     "decode_rows": (1, 8),  # rows of the decode (weight-streaming) table
-    "working_sets_mib": (1, 4, 16, 64, 160),  # total weights cycled through by the decode table
+    # Total weights cycled through by the decode table. 640 MiB since 2026-12-01: this machine's last-level cache is
+    # 300 MiB, so at 160 MiB the table still read partly from it (fp32, 1 thread: 20-23 GB/s at 160 MiB against
+    # ~19 GB/s in a 494 MB GPT-2-shaped decode step) and every larger model was predicted too fast.
+    "working_sets_mib": (1, 4, 16, 64, 160, 640),
     "attention_heads": 3,
     "attention_tokens": (96, 384, 1536),  # T of a causal prefill SDPA call
     "attention_head_dims": (24, 48, 96),
@@ -53,9 +56,10 @@ CALIBRATION = {
     "cold_mib": (0, 0.5, 2, 8, 32),  # bytes streamed just before the floor's mix, for the cold-dispatch table
 }
 PREFILL_FLOP_CAP = 1.3e10  # FLOPs of one timed set: keeps the table to seconds on a 2-core machine
+PREFILL_SETS = 2  # distinct layer sets the prefill table cycles through
 ELEMENT_CAP = 2 * 2 ** 20
 ATTENTION_COLD_BYTES = 64 * MiB  # decode attention is also timed over distinct caches adding up to this
-MAX_SETS = 200  # copies of one set at most (the narrowest reach DRAM's rate well before 160 MiB)
+MAX_SETS = 200  # copies of one set at most (the narrowest stay within the caches, as a small model's do)
 
 
 def _time(fn, repeats: int = 5, warm: int = 1, inner: int = 1) -> dict:
@@ -117,12 +121,14 @@ def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None, between=
                       repeats=7, inner=20)
         prefill, decode = [], []
         for W in CALIBRATION["widths"]:
-            one = sets(W, dtype, 1, 1)[0]
+            # Two sets in turn, per set: a prefill's next layer has its own weights. One set timed alone reads its
+            # weights hot and ran 7% faster than twelve distinct ones (W 768, 64 rows, fp32: 110 vs 102 GFLOP/s).
+            two = sets(W, dtype, 1, PREFILL_SETS)
             for M in CALIBRATION["prefill_rows"]:
                 if 24 * M * W * W > PREFILL_FLOP_CAP:
                     continue
-                t = _time(_run_sets([one], M, W, act), repeats=5)
-                prefill.append([W, M, t])
+                t = _time(_run_sets(two, M, W, act), repeats=5)
+                prefill.append([W, M, {k: v / len(two) for k, v in t.items()}])
             set_bytes = 12 * W * W * nbytes
             counts = sorted({min(max(1, round(ws * MiB / set_bytes)), MAX_SETS)
                              for ws in CALIBRATION["working_sets_mib"]})

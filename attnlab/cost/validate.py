@@ -10,8 +10,8 @@ or slower its kind of work ran beside the case than during the calibration (cpu.
 predictions are kept beside (``error_unpaced``).
 
 Each case is a randomly initialised attnlab transformer (seed 0) run by the engine in a fresh process, generating
-NEW_TOKENS tokens per call with both clocks read after every scheduler step (engine_timing.time_generate): time to
-first token = until every sequence has its first token; decode time per step = the rest of the call over the steps
+NEW_TOKENS tokens per call with both clocks read around a prefill-only first step (engine_timing.time_generate):
+time to first token = until every sequence has its first token; decode time per step = the rest of the call over the steps
 it took; each figure is the median over the repeats, after a warm-up. History: until 2026-12-01 the decode figure
 was (a call for NEW_TOKENS - a call for one) / (NEW_TOKENS - 1), first as a difference of medians, which came out
 negative once (-0.46 ms a step under a 1,024-token bf16 prompt), then as the median of each pair's difference,

@@ -141,13 +141,16 @@ class Scheduler:
         return bool(self.waiting or self.prefilling or self.running)
 
     # -- the step ----------------------------------------------------------------------------------------
-    def step(self) -> list[Event]:
+    def step(self, decode: bool = True) -> list[Event]:
+        """Admit, prefill, then decode every running sequence (a sequence whose prompt was just completed takes
+        its second token in the same step). ``decode=False`` stops after the prefill: a caller that times the
+        first token apart from the steps after it (cost.engine_timing)."""
         events: list[Event] = []
         with torch.inference_mode():
             self._admit()
             if self.prefilling:
                 events += self._prefill()
-            if self.running:
+            if self.running and decode:
                 events += self._decode()
         return events
 
