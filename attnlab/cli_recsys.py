@@ -17,7 +17,8 @@ def cmd_recsys(args) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     fit_cfg = FitConfig(loss=args.loss, lr=args.lr, batch_size=args.batch_size, max_epochs=args.epochs,
                         patience=args.patience, schedule=args.schedule, warmup_epochs=args.warmup_epochs,
-                        beta2=args.beta2, shift_windows=not args.fixed_windows, ema=args.ema)
+                        beta2=args.beta2, shift_windows=not args.fixed_windows, ema=args.ema,
+                        label_smoothing=args.label_smoothing)
     if args.data == "ml-100k" and not args.json:
         print("attnlab recsys: MovieLens-100K from the RecBole 1.2.1 wheel (fetched with pip on first use)",
               file=sys.stderr)
@@ -53,6 +54,8 @@ def add_recsys_command(sub) -> None:
     p.add_argument("--beta2", type=float, default=FitConfig.beta2, help="AdamW's second-moment decay")
     p.add_argument("--ema", type=float, default=FitConfig.ema,
                    help="decay per step of the weight average that is evaluated and kept (0: the raw weights)")
+    p.add_argument("--label-smoothing", type=float, default=FitConfig.label_smoothing,
+                   help="ce loss: share of each target's probability spread over every item")
     p.add_argument("--fixed-windows", action="store_true",
                    help="cut the training histories the same way every epoch (default: new cuts each epoch)")
     p.add_argument("--batch-size", type=int, default=FitConfig.batch_size,

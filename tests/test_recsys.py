@@ -106,8 +106,10 @@ def test_epoch_windows_shift_per_epoch_and_the_loss_skips_context_targets():
     logits, _ = model(windows[:, :-1])  # (B, T, V)
     targets = windows[:, 1:].clone()
     targets[0, :4] = 0  # row 0's first four targets are context only
-    want = F.cross_entropy(logits.reshape(-1, 41), targets.reshape(-1), ignore_index=0)
-    assert _loss(model, windows, FitConfig(), 40, torch.Generator(), skip).item() == pytest.approx(want.item(), rel=1e-5)
+    for smoothing in (0.0, 0.1):  # smoothing spreads over every item, as torch's label_smoothing does
+        want = F.cross_entropy(logits.reshape(-1, 41), targets.reshape(-1), ignore_index=0, label_smoothing=smoothing)
+        got = _loss(model, windows, FitConfig(label_smoothing=smoothing), 40, torch.Generator(), skip)
+        assert got.item() == pytest.approx(want.item(), rel=1e-5)
 
 
 def test_ema_keeps_the_averaged_weights():
@@ -172,9 +174,11 @@ def test_ce_loss_skips_padding_without_changing_its_value():
     model = SASRec(20, max_len=6, dim=16, n_layers=1, n_heads=2, dropout=0.0)
     windows = torch.tensor([[3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 0, 0, 0, 0]])  # the second row is right-padded
     logits, _ = model(windows[:, :-1])  # (B, T, V)
-    full = F.cross_entropy(logits.reshape(-1, 21), windows[:, 1:].reshape(-1), ignore_index=0)
-    got = _loss(model, windows, FitConfig(), 20, torch.Generator())
-    assert got.item() == pytest.approx(full.item(), rel=1e-5)
+    for smoothing in (0.0, FitConfig.label_smoothing):
+        full = F.cross_entropy(logits.reshape(-1, 21), windows[:, 1:].reshape(-1), ignore_index=0,
+                               label_smoothing=smoothing)
+        got = _loss(model, windows, FitConfig(label_smoothing=smoothing), 20, torch.Generator())
+        assert got.item() == pytest.approx(full.item(), rel=1e-5)
 
 
 def test_lr_schedule_warms_up_then_decays_to_zero():

@@ -16,6 +16,7 @@ from torch import nn
 from attnlab.config import ModelConfig
 from attnlab.models import block_step
 from attnlab.models.attention import Attention
+from attnlab.models.dropout import Dropout
 from attnlab.models.layers import MLP, build_norm
 from attnlab.models.linear import LinearAttention
 from attnlab.models.ssm import SelectiveSSM
@@ -34,7 +35,7 @@ class Block(nn.Module):
         if cfg.family != "ssm":
             self.mlp_norm = build_norm(cfg)
             self.mlp = MLP(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x, positions, pos_enc, state=None):
         x = x + self.dropout(self.attn(self.attn_norm(x), positions, pos_enc, state))

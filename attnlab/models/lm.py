@@ -14,6 +14,7 @@ from torch import nn
 
 from attnlab.config import ModelConfig
 from attnlab.models.backbone import Backbone
+from attnlab.models.dropout import Dropout
 from attnlab.models.linear import new_linear_state
 from attnlab.models.paged import BlockPool, PagedKVCache
 from attnlab.models.positional import build_positional
@@ -48,7 +49,7 @@ class LanguageModel(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.pos_enc = build_positional(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.backbone = Backbone(cfg)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.reset_parameters()

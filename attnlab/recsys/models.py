@@ -19,6 +19,7 @@ from torch import nn
 
 from attnlab.config import ModelConfig
 from attnlab.models.backbone import Backbone
+from attnlab.models.dropout import Dropout
 from attnlab.models.lm import check_tokens, last_positions
 from attnlab.models.positional import build_positional
 from attnlab.models.state import KVCache, RecurrentState
@@ -45,7 +46,7 @@ class SASRec(nn.Module):
                                n_heads=n_heads, pos="learned", max_seq_len=max_len, dropout=dropout)
         self.item_emb = nn.Embedding(n_items + 1, dim)
         self.pos_enc = build_positional(self.cfg)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.backbone = Backbone(self.cfg)
         _init(self, n_layers)
 
@@ -76,7 +77,7 @@ class GRU4Rec(nn.Module):
         super().__init__()
         self.n_layers, self.dim = n_layers, dim
         self.item_emb = nn.Embedding(n_items + 1, dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.gru = nn.GRU(dim, dim, num_layers=n_layers, batch_first=True)  # torch's fused GRU kernel
         self.norm = nn.LayerNorm(dim)  # as the backbone's final norm: unit-scale outputs, so scores start moving
         _init(self, n_layers)
