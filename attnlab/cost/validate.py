@@ -16,7 +16,8 @@ it took; each figure is the median over the repeats, after a warm-up. History: u
 was (a call for NEW_TOKENS - a call for one) / (NEW_TOKENS - 1), first as a difference of medians, which came out
 negative once (-0.46 ms a step under a 1,024-token bf16 prompt), then as the median of each pair's difference,
 which the prefill's noise still drowned (the 2,048-token case's figure: 0.33-0.74 ms in four runs; per-step stamps:
-0.68 ms, twice). The same day the pulse's memory sum grew from 64 to 256 MiB (engine_timing.Pulse says why). With one thread (the default) the clock is
+0.68 ms, twice). The same day the pulse's memory sum grew from one 64 MiB buffer to four of 128 MiB read in turn
+(engine_timing.Pulse says why), and TTFT came to be read after a prefill-only step. With one thread (the default) the clock is
 the process's CPU time, which is its wall time on an idle core: on a busy machine a run longer than a scheduler
 slice waits for the core (here up to 2x), a micro-benchmark shorter than one rarely does, so wall time would
 compare unlike with like; the wall times are kept beside. With more threads the clock is wall time. ``cost.cpu`` predicts both figures from the
