@@ -176,6 +176,25 @@ def test_dense_and_int8_linears():
     assert (y - lin(x)).abs().max() < 0.05 * lin(x).abs().max()
 
 
+@pytest.mark.parametrize("act", [torch.bfloat16, torch.float32])
+def test_int8_linear_many_rows_widen_the_weight_and_agree_with_int8pack(act, monkeypatch):
+    """From MANY_ROWS rows (a prefill) the int8 weight is widened for a dense GEMM: the product equals the
+    dequantized weight's to within the activations' rounding, and int8pack's (the path below MANY_ROWS) alike."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 384)
+    q = Int8Linear(lin, torch.bfloat16)
+    rows = Int8Linear.MANY_ROWS
+    x = torch.randn(3, rows, 256).to(act)  # (B, T, in): the forward flattens and restores the leading dims
+    exact = x.float() @ q.dequantized.T + q.bias.float()
+    many = q(x)
+    assert many.shape == (3, rows, 384) and many.dtype == act
+    ulp = 2 ** -7 if act == torch.bfloat16 else 1e-5  # two bf16 roundings (product, then scaled) at most
+    assert (many.float() - exact).abs().max() <= ulp * exact.abs().max()
+    monkeypatch.setattr(Int8Linear, "MANY_ROWS", 10 ** 9)  # the same call through int8pack / the compiled kernel
+    few = q(x)
+    assert (many.float() - few.float()).abs().max() <= 2 * ulp * exact.abs().max()
+
+
 @pytest.mark.parametrize("path", ["matmul", "onednn", "mkl", "mv"])
 @pytest.mark.parametrize("rows", [1, 4, 9])
 @pytest.mark.parametrize("bias", [False, True])
