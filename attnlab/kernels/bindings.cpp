@@ -6,6 +6,7 @@
 #include "prefill_attention.cpp"
 #include "block_step.cpp"
 #include "evict.cpp"
+#include "ssm_scan.cpp"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &few_rows_linear,
@@ -18,5 +19,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lanes", []() { return int64_t(attnlab::VW); }, "fp32 lanes of one vector in this build");
   m.def("prefill_attention", &prefill_attention, "causal attention of T new queries per row over S >= T keys, fp32",
         py::call_guard<py::gil_scoped_release>());  // milliseconds a layer: a server's event loop runs meanwhile
+  m.def("ssm_scan_forward", &ssm_scan_forward, "the selective SSM's sequential scan, states in registers, fp32",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("ssm_scan_backward", &ssm_scan_backward, "its gradients, the forward rerun per channel, fp32",
+        py::call_guard<py::gil_scoped_release>());
   m.def("decode_attention", &decode_attention, "one query per row over each row's own keys (paged or contiguous)");
 }

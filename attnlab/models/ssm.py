@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.models.ssm_loop import sequential_scan
 from attnlab.models.state import FixedState
 
 
@@ -58,7 +59,11 @@ def selective_scan(u, delta, A, Bt, Ct, D, h0, mode: str = "parallel", chunk: in
     """u, delta (B, T, E); A (E, N); Bt, Ct (B, T, N); D (E,); h0 (B, E, N) -> y (B, T, E), h_T.
 
     ``chunk`` bounds memory: the (B, T, E, N) discretised tensors are formed one chunk at a time and the
-    state is carried between chunks (work stays linear in T, the scan is parallel within a chunk)."""
+    state is carried between chunks (work stays linear in T, the scan is parallel within a chunk). The
+    sequential mode never forms them, so it ignores ``chunk``."""
+    if mode == "sequential":  # one loop with its own backward, no (B, T, E, N) tensors (see ssm_loop.py)
+        y, h = sequential_scan(u, delta, A, Bt, Ct, h0)
+        return y + D * u, h
     T = u.shape[1]
     step = chunk or T
     ys, h = [], h0
@@ -66,7 +71,7 @@ def selective_scan(u, delta, A, Bt, Ct, D, h0, mode: str = "parallel", chunk: in
         sl = slice(t0, min(T, t0 + step))
         a = torch.exp(delta[:, sl, :, None] * A)  # (B, t, E, N)
         b = (delta[:, sl] * u[:, sl])[..., None] * Bt[:, sl, None, :]
-        hs = scan_sequential(a, b, h) if mode == "sequential" else scan_parallel(a, b, h)
+        hs = scan_parallel(a, b, h)
         ys.append((hs * Ct[:, sl, None, :]).sum(-1) + D * u[:, sl])
         h = hs[:, -1]
     return torch.cat(ys, dim=1), h
