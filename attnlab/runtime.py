@@ -197,6 +197,25 @@ def _kernels_status() -> str:
     return kernels.status()
 
 
+def host_speed(n: int = 1024, repeats: int = 9) -> dict:
+    """This host's fp32 matmul speed now (GFLOP/s, median and best of ``repeats`` after a warm-up), at the threads
+    in force. The shared virtual machines here ran a 2048-square product at 160 to 318 GFLOP/s on different days:
+    a long run records this at its start and end, so its wall time can be read against the host's speed."""
+    import time
+
+    a = torch.randn(n, n)
+    a @ a
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ a
+        times.append(time.perf_counter() - t)
+    times.sort()
+    flops = 2 * n ** 3
+    return {"matmul_gflops": flops / times[len(times) // 2] / 1e9, "matmul_gflops_best": flops / times[0] / 1e9,
+            "n": n, "threads": torch.get_num_threads()}
+
+
 def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | torch.device = "cpu") -> dict:
     """What every results and benchmark JSON records about where it ran (MEASURING.md, 'Record the context')."""
     device = torch.device(device)
@@ -213,5 +232,5 @@ def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | 
 
 
 __all__ = ["CpuCapabilities", "DEVICES", "DTYPES", "EmulatedDtypeWarning", "check_dtype", "code_version",
-           "cpu_capabilities", "cpu_name", "fast_dtypes", "machine_context", "native_bf16", "parse_cpuinfo",
+           "cpu_capabilities", "cpu_name", "fast_dtypes", "host_speed", "machine_context", "native_bf16", "parse_cpuinfo",
            "resolve_device", "set_threads", "synchronize"]

@@ -35,6 +35,9 @@ def test_verdicts_come_from_the_data():
     assert dev["none"] < 1e-4 < dev["rope"]  # the verdict above follows from these numbers
     html = render(res)
     assert "Order must be injected" in html and "<svg" in html
+    speed = res["context"]["host_speed"]  # the host's speed beside the wall time, measured at both ends
+    assert speed["start"]["matmul_gflops"] > 0 and speed["end"]["matmul_gflops"] > 0
+    assert f"fp32 matmul {speed['start']['matmul_gflops']:.0f} GFLOP/s at the start" in html
 
 
 def test_quick_report_in_headless_chromium(tmp_path):

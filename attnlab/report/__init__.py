@@ -13,7 +13,7 @@ TEMPLATE = Path(__file__).with_name("template.html")  # package data: pyproject.
 def run_report(scale: str = "quick", only: list[int] | None = None, device: str = "cpu", progress=None) -> dict:
     """Run the chosen claims' experiments on ``device``; each claim's entry records the device it ran on."""
     from attnlab.experiments import registry
-    from attnlab.runtime import machine_context, resolve_device, set_threads
+    from attnlab.runtime import host_speed, machine_context, resolve_device, set_threads
 
     exps = registry()
     if only:
@@ -23,6 +23,7 @@ def run_report(scale: str = "quick", only: list[int] | None = None, device: str 
     chosen = [exps[i] for i in sorted(exps) if not only or i in only]
     device = str(resolve_device(device))
     set_threads()  # keeps the thread count, flushes denormals
+    speed = {"start": host_speed()}  # the wall time below depends on the host's speed as much as on the code
     t0 = time.perf_counter()
     claims = []
     for exp in chosen:
@@ -38,8 +39,10 @@ def run_report(scale: str = "quick", only: list[int] | None = None, device: str 
         claims.append(entry)
         if progress:
             progress(exp, entry)
+    total_s = time.perf_counter() - t0
+    speed["end"] = host_speed()
     return {"attnlab_report": 1, "scale": scale, "device": device, "seed": 0,
-            "context": machine_context(0, device=device), "total_s": time.perf_counter() - t0, "claims": claims}
+            "context": {**machine_context(0, device=device), "host_speed": speed}, "total_s": total_s, "claims": claims}
 
 
 def _fmt(v):
