@@ -143,4 +143,5 @@ def test_serve_load_benchmark_quick(tmp_path):
 
 
 def test_server_drains_and_exits_0_on_sigterm(server):  # last: it stops the module's server
-    assert server.stop() == 0
+    code = server.stop()
+    assert code == 0, f"exit {code} (-9: still running {server.stop_s:.0f} s after SIGTERM); its log:\n{server.log()}"
