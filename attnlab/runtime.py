@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import os
 import platform
 import subprocess
 import sys
@@ -23,6 +24,13 @@ from attnlab.errors import AttnlabError
 
 DEVICES = ("cpu", "cuda")
 DTYPES = ("fp32", "bf16", "fp16", "int8")  # int8 is weight-only: its activations run in bf16
+
+
+# An AVX2-only machine, emulated on a wider CPU: torch's kernels, oneDNN (bf16 and prepacked matmuls) and MKL (fp32
+# GEMM) held to AVX2, and attnlab's own kernels built for x86-64-v3 (kernels._arch_flags reads torch's capability).
+# It must be set before torch is imported: benchmarks re-run themselves with it (--as-avx2). The cores, caches and
+# memory stay this machine's, so it tests the code paths an AVX2 CPU takes, not an AVX2 CPU's speed.
+AVX2_ONLY_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
 class EmulatedDtypeWarning(UserWarning):
@@ -82,9 +90,10 @@ class CpuCapabilities:
 
     @property
     def native_bf16(self) -> bool:
-        """bf16 matmuls run in hardware: avx512_bf16 or AMX. Without either they are emulated, ~100x slower
-        than fp32 (measured on an AVX2 session). Unknown flags: trust oneDNN's answer."""
-        return (self.avx512_bf16 or self.amx_bf16) if self.flags_known else self.onednn_bf16
+        """bf16 matmuls run in hardware: avx512_bf16 or AMX, and oneDNN (which runs torch's bf16 matmuls) may use
+        them. Without either they are emulated, ~100x slower than fp32 (measured on an AVX2 session). oneDNN says
+        no when held below the CPU (ONEDNN_MAX_CPU_ISA=AVX2: ``AVX2_ONLY_ENV``). Unknown flags: oneDNN decides."""
+        return (self.avx512_bf16 or self.amx_bf16 or not self.flags_known) and self.onednn_bf16
 
 
 def parse_cpuinfo(text: str) -> tuple[str | None, set[str] | None]:
@@ -114,8 +123,13 @@ def cpu_capabilities() -> CpuCapabilities:
         onednn_bf16 = False
     known = flags is not None
     flags = flags or set()
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability in ("AVX2", "DEFAULT", "NO AVX"):  # torch held below the CPU (ATEN_CPU_CAPABILITY): the
+        flags = flags - {"avx512f", "avx512_bf16", "amx_bf16"}  # process uses no AVX-512, so it counts as absent
+    if capability in ("DEFAULT", "NO AVX"):
+        flags = flags - {"avx2"}
     return CpuCapabilities(model=model or platform.processor() or platform.machine(),
-                           capability=torch.backends.cpu.get_cpu_capability(), onednn_bf16=onednn_bf16,
+                           capability=capability, onednn_bf16=onednn_bf16,
                            avx2="avx2" in flags, avx512f="avx512f" in flags, avx512_bf16="avx512_bf16" in flags,
                            amx_bf16="amx_bf16" in flags, flags_known=known)
 
@@ -228,9 +242,10 @@ def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | 
             "gpu": gpu, "device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": sys.version.split()[0], "dtype": dtype, "seed": seed, "command": " ".join(sys.argv),
             "git": code_version(), "attnlab_kernels": _kernels_status(),
+            "isa_limits": {k: os.environ[k] for k in AVX2_ONLY_ENV if k in os.environ},  # set: an emulated machine
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-__all__ = ["CpuCapabilities", "DEVICES", "DTYPES", "EmulatedDtypeWarning", "check_dtype", "code_version",
-           "cpu_capabilities", "cpu_name", "fast_dtypes", "host_speed", "machine_context", "native_bf16", "parse_cpuinfo",
-           "resolve_device", "set_threads", "synchronize"]
+__all__ = ["AVX2_ONLY_ENV", "CpuCapabilities", "DEVICES", "DTYPES", "EmulatedDtypeWarning", "check_dtype",
+           "code_version", "cpu_capabilities", "cpu_name", "fast_dtypes", "host_speed", "machine_context", "native_bf16",
+           "parse_cpuinfo", "resolve_device", "set_threads", "synchronize"]

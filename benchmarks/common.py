@@ -16,6 +16,21 @@ __all__ = ["context", "cpu_name", "matmul_peak_flops", "memory_bandwidth", "roun
            "timed_call", "write_json"]
 
 
+def rerun_limited_to_avx2() -> None:
+    """Re-run this script in a new process held to AVX2 (attnlab.runtime.AVX2_ONLY_ENV: an AVX2-only machine
+    emulated here; torch reads it at import, so this process cannot change). Returns only in a process that
+    already runs so; the results JSON's context shows the limits (``isa_limits``)."""
+    import os
+    import sys
+
+    from attnlab.runtime import AVX2_ONLY_ENV
+
+    if all(os.environ.get(k) == v for k, v in AVX2_ONLY_ENV.items()):
+        return
+    print("re-running held to AVX2: " + " ".join(f"{k}={v}" for k, v in AVX2_ONLY_ENV.items()), flush=True)
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **AVX2_ONLY_ENV})
+
+
 def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
     """Best-of fp32 matmul FLOP/s on this machine, now (the 'peak' our figures are shares of)."""
     a, b = torch.randn(n, n), torch.randn(n, n)

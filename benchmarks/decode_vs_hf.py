@@ -1,6 +1,6 @@
 """attnlab's engine vs Hugging Face transformers on GPT-2 small's shape, and speculative decoding, in one run.
 
-    python benchmarks/decode_vs_hf.py [--rounds 6] [--new-tokens 32] [--quick]
+    python benchmarks/decode_vs_hf.py [--rounds 6] [--new-tokens 32] [--quick] [--as-avx2]
 
 GPT-2 section. Same random weights on both sides (HF builds GPT-2 small and saves safetensors; attnlab loads
 the folder), batch 1, greedy, the same dtype on both sides where HF has it (fp32, bf16; attnlab's int8 is
@@ -33,7 +33,9 @@ order alternating per prompt. The JSON keeps the whole tuning table and the held
 bf16 and int8 (whose activations are bf16) run only where attnlab.runtime finds bf16 native: on a CPU that
 emulates it they are ~100x slower than fp32 and are skipped, and the JSON says so (--dtypes forces them).
 --quick: a 2-layer GPT-2 and, without the cached models, tiny untrained ones: a smoke run, not a measurement.
-Writes benchmarks/results/decode_vs_hf.json.
+--as-avx2: the whole run, both libraries, in a process held to AVX2 (attnlab.runtime.AVX2_ONLY_ENV), the decode
+targets' other machine class; it tests the code paths such a CPU takes, on this machine's cores and memory.
+Writes benchmarks/results/decode_vs_hf.json (decode_vs_hf_avx2.json with --as-avx2).
 """
 from __future__ import annotations
 
@@ -52,8 +54,8 @@ from attnlab.engine.quantize import set_precision, weight_bytes
 from attnlab.engine.speculative import speculative_generate
 from attnlab.models.hf import load_hf
 from attnlab.runtime import fast_dtypes
-from common import (context, matmul_peak_flops, memory_bandwidth, round_order, set_threads, summarize, timed_call,
-                    write_json)
+from common import (context, matmul_peak_flops, memory_bandwidth, rerun_limited_to_avx2, round_order, set_threads,
+                    summarize, timed_call, write_json)
 
 DRAFT_KS = (3, 4, 5, 6)  # draft tokens per round tried with the draft model
 LOOKUP = (((2, 4), 4), ((2, 4), 8), ((3, 8), 4), ((3, 8), 8))  # (n-gram min, max), k tried with prompt lookup
@@ -383,8 +385,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny models, 2 rounds, few tokens")
     ap.add_argument("--dtypes", help="comma-separated, from fp32,bf16,int8 (default: those native here, "
                                      "attnlab.runtime.fast_dtypes)")
-    ap.add_argument("--out", default="benchmarks/results/decode_vs_hf.json")
+    ap.add_argument("--as-avx2", action="store_true",
+                    help="hold torch, oneDNN, MKL and attnlab's kernels to AVX2 (an AVX2-only machine emulated on this "
+                         "CPU; writes decode_vs_hf_avx2.json unless --out is given)")
+    ap.add_argument("--out")
     args = ap.parse_args()
+    if args.as_avx2:
+        rerun_limited_to_avx2()
+    args.out = args.out or f"benchmarks/results/decode_vs_hf{'_avx2' if args.as_avx2 else ''}.json"
     if args.quick:
         args.rounds, args.new_tokens, args.spec_tokens, args.spec_rounds = 2, 4, 16, 2
     set_threads(args.threads)

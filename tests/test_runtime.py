@@ -1,6 +1,10 @@
 """The runtime: threads and denormals, device choice, CPU capabilities, the dtype policy, the machine context."""
 import ast
+import json
+import os
 import pathlib
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -78,6 +82,8 @@ def test_cpuinfo_flags_decide_native_bf16():
     assert not _caps(AVX2_CPUINFO).native_bf16 and _caps(AMX_CPUINFO).native_bf16
     unknown = CpuCapabilities("?", "DEFAULT", True, False, False, False, False, flags_known=False)
     assert unknown.native_bf16  # no flags to read: oneDNN's answer decides
+    held = CpuCapabilities("?", "AVX512", False, True, True, True, True, flags_known=True)
+    assert not held.native_bf16  # AMX in the flags, but oneDNN held below it (ONEDNN_MAX_CPU_ISA) will not use it
 
 
 def test_cpu_capabilities_of_this_machine():
@@ -85,7 +91,27 @@ def test_cpu_capabilities_of_this_machine():
     assert caps.capability == torch.backends.cpu.get_cpu_capability()
     assert caps.onednn_bf16 == torch.ops.mkldnn._is_mkldnn_bf16_supported()
     flags = runtime.parse_cpuinfo(pathlib.Path("/proc/cpuinfo").read_text())[1] or set()
-    assert caps.amx_bf16 == ("amx_bf16" in flags) and caps.avx512_bf16 == ("avx512_bf16" in flags)
+    wide = caps.capability.startswith("AVX512")  # torch not held below the CPU (ATEN_CPU_CAPABILITY)
+    assert caps.amx_bf16 == ("amx_bf16" in flags and wide) and caps.avx512_bf16 == ("avx512_bf16" in flags and wide)
+
+
+def test_an_avx2_only_machine_emulated_by_the_environment():
+    """AVX2_ONLY_ENV, set before torch is imported (benchmarks' --as-avx2 re-runs them so), holds torch, oneDNN and
+    attnlab's kernels to AVX2: the runtime then sees an AVX2 machine, fp32 the one fast dtype, and records it."""
+    flags = runtime.parse_cpuinfo(pathlib.Path("/proc/cpuinfo").read_text())[1] or set()
+    if "avx2" not in flags:
+        pytest.skip("the CPU has no AVX2 to hold torch to")
+    code = ("import json; from attnlab import runtime, kernels; c = runtime.cpu_capabilities(); print(json.dumps(["
+            "c.capability, c.native_bf16, c.avx512f, list(runtime.fast_dtypes()), kernels.arch_flags(), "
+            "runtime.machine_context()['isa_limits']]))")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, **runtime.AVX2_ONLY_ENV}, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    capability, native, avx512, fast, arch, limits = json.loads(r.stdout.splitlines()[-1])
+    assert capability == "AVX2" and not native and not avx512 and fast == ["fp32"]
+    assert limits == runtime.AVX2_ONLY_ENV
+    assert arch == (["-march=x86-64-v3", "-mtune=native"] if "avx512f" in flags else ["-march=native"])
+    assert runtime.machine_context()["isa_limits"] == {}  # this process: not held
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "int8"])

@@ -31,7 +31,7 @@ BUILT = Path(__file__).with_name("bindings.cpp")  # the one unit compiled: it in
 # (row, channel) sum rounds the same way whichever code path (rows in fours, twos, ones) computes it.
 # -fopenmp: at::parallel_for is OpenMP in torch's headers and runs serially without it; torch's own libgomp.so.1 is
 # loaded already, so the extension shares its thread pool (same soname) rather than starting a second one.
-CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+CFLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]  # and arch_flags(): -march=native as a rule
 STALE_LOCK_S = 600  # a build takes about a minute; a lock this old belongs to a build that was killed
 MAX_ROWS = 16  # above this many rows a call is prefill-sized: the library's GEMMs (oneDNN, AMX) win there
 _state: dict = {}
@@ -53,9 +53,29 @@ def _cpu_key() -> str:
     return hashlib.sha256((model + flags).encode()).hexdigest()[:10]
 
 
+def arch_flags() -> list[str]:
+    """-march=native, unless torch is held to AVX2 on a wider CPU (ATEN_CPU_CAPABILITY=avx2, as
+    runtime.AVX2_ONLY_ENV sets to emulate an AVX2-only machine): then x86-64-v3 (AVX2 and FMA), so these kernels
+    use what torch's own do and simd.h takes its AVX2 branch."""
+    import torch
+
+    if torch.backends.cpu.get_cpu_capability() == "AVX2" and "avx512f" in _cpu_flags():
+        return ["-march=x86-64-v3", "-mtune=native"]
+    return ["-march=native"]
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        line = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+    except OSError:
+        return set()
+    return set(line.partition(":")[2].split())
+
+
 def _sources_hash() -> str:
     """Of every source, the included ones too (torch's own rebuild check sees only the compiled file), and flags."""
-    return hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(CFLAGS).encode()).hexdigest()[:12]
+    flags = " ".join(CFLAGS + arch_flags()).encode()
+    return hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + flags).hexdigest()[:12]
 
 
 def status() -> str:
@@ -92,7 +112,8 @@ def native():
         if not built.exists():
             print("attnlab: building its decode kernels for this CPU (once, about a minute)",
                   file=sys.stderr, flush=True)
-        mod = ext.load(name, [str(BUILT)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], verbose=False)
+        mod = ext.load(name, [str(BUILT)], extra_cflags=CFLAGS + arch_flags(), extra_ldflags=["-fopenmp"],
+                       verbose=False)
     except Exception as e:  # no compiler, no headers, a build error: torch's kernels instead
         warnings.warn(f"attnlab could not build its decode kernels ({type(e).__name__}: "
                       f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}); decoding uses torch's kernels, "
