@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -438,3 +439,18 @@ def test_stamped_generation_times_decode_apart_from_the_prefill():
             seqs = [sched.submit(Sequence([1] * n, 9, SamplingParams())) for n in (64, 40)]
             sched.step(decode=decode)
             assert [len(s.tokens) for s in seqs] == [want, want]
+
+
+def test_a_cancelled_calibration_stops_and_caches_nothing(monkeypatch, tmp_path):
+    """``cancel`` (a server's shutdown) stops the micro-benchmarks before their next timed repeat; no spec is saved,
+    and the next calibration on the same thread is not stopped by the old event."""
+    from attnlab.cost import calibrate
+
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(calibrate.Cancelled):
+        hardware.local(cancel=stop)
+    assert not (tmp_path / "hardware-local.json").exists()
+    assert calibrate._time(lambda: None, repeats=1, warm=0)["wall"] >= 0  # the thread's cancel event was reset
+

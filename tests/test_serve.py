@@ -310,6 +310,22 @@ def test_sigterm_drains_running_requests_and_exits_0(folder):
         s.kill()
 
 
+def test_sigterm_cancels_a_calibration_in_progress(folder, tmp_path, monkeypatch):
+    """A first start on a new machine calibrates the cost model in the background (a minute or more on 2 cores).
+    SIGTERM does not wait for it: the calibration is cancelled, the server exits 0 at once, and nothing
+    half-measured is cached."""
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))  # an empty cache (inherited by the server): it calibrates
+    s = Server(folder)
+    try:
+        time.sleep(1.0)  # into the calibration
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.wait(30) == 0, s.log()
+        assert "drained" in s.log()
+        assert not (tmp_path / "hardware-local.json").exists(), "the calibration ran to its end: nothing was cancelled"
+    finally:
+        s.kill()
+
+
 def test_sigterm_cuts_requests_past_the_drain_time(folder):
     s = Server(folder, "--drain-s", "0.5")
     try:

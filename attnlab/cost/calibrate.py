@@ -28,6 +28,7 @@ The model that turns these into predicted times is ``cost.cpu``.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 
 import torch
@@ -62,12 +63,29 @@ ATTENTION_COLD_BYTES = 64 * MiB  # decode attention is also timed over distinct 
 MAX_SETS = 200  # copies of one set at most (the narrowest stay within the caches, as a small model's do)
 
 
+class Cancelled(Exception):
+    """A calibration stopped on request before its end (a server shutting down); nothing of it is kept."""
+
+
+# The Event that may stop the calibration running on this thread (run's ``cancel``), looked at before every timed
+# repeat, so a request to stop waits for one repeat (well under a second), not for the minutes of the whole table.
+_cancel = threading.local()
+
+
+def _check_cancel() -> None:
+    event = getattr(_cancel, "event", None)
+    if event is not None and event.is_set():
+        raise Cancelled("the calibration was cancelled before its end")
+
+
 def _time(fn, repeats: int = 5, warm: int = 1, inner: int = 1) -> dict:
     """Median wall and CPU seconds of ``fn`` (called ``inner`` times per repeat, per call) after ``warm`` calls."""
+    _check_cancel()
     for _ in range(warm):
         fn()
     wall, cpu = [], []
     for _ in range(repeats):
+        _check_cancel()
         w, c = time.perf_counter(), time.process_time()
         for _ in range(inner):
             fn()
@@ -330,8 +348,17 @@ def shapes() -> set[tuple]:
     return out
 
 
-def run(dtypes: tuple[str, ...], modules: dict | None = None) -> dict:
-    """Every micro-benchmark, for ``dtypes``; the raw figures ``cost.cpu`` reads. ``modules``: see linear_tables."""
+def run(dtypes: tuple[str, ...], modules: dict | None = None, cancel: threading.Event | None = None) -> dict:
+    """Every micro-benchmark, for ``dtypes``; the raw figures ``cost.cpu`` reads. ``modules``: see linear_tables.
+    ``cancel``: once set (from another thread), the run raises ``Cancelled`` before its next timed repeat."""
+    _cancel.event = cancel
+    try:
+        return _run(dtypes, modules)
+    finally:
+        _cancel.event = None
+
+
+def _run(dtypes: tuple[str, ...], modules: dict | None) -> dict:
     from attnlab.cost.engine_timing import Pulse, probe  # which imports this module's helpers
 
     t0 = time.perf_counter()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -135,12 +136,14 @@ def _cache_path() -> Path:
     return Path(os.environ.get("ATTNLAB_CACHE", Path.home() / ".cache" / "attnlab")) / "hardware-local.json"
 
 
-def calibrate(dtypes: tuple[str, ...] | None = None, modules: dict | None = None) -> Hardware:
+def calibrate(dtypes: tuple[str, ...] | None = None, modules: dict | None = None,
+              cancel: threading.Event | None = None) -> Hardware:
     """Measure this machine now with the micro-benchmarks of ``cost.calibrate`` (matmul throughput and weight
     streaming per dtype, attention, elementwise kernels, per-op overhead, memory bandwidth; each at shapes no
     validated model uses). ``dtypes``: fp32 and whichever of bf16 / int8 this CPU runs natively (runtime.fast_dtypes).
     The summary fields (peak FLOP/s, bandwidth, ...) are read off the same tables; ``micro`` keeps them whole.
-    ``modules``: matrices kept between calibrations in one process (calibrate.linear_tables)."""
+    ``modules``: matrices kept between calibrations in one process (calibrate.linear_tables). ``cancel``: an Event
+    that stops the measuring early (``calibrate.Cancelled`` is raised; see calibrate.run)."""
     import torch
 
     from attnlab.cost import calibrate as cal
@@ -148,7 +151,7 @@ def calibrate(dtypes: tuple[str, ...] | None = None, modules: dict | None = None
     from attnlab.runtime import cpu_name, fast_dtypes
 
     dtypes = tuple(dtypes or (d for d in fast_dtypes("cpu") if d != "int8"))
-    micro = cal.run(dtypes, modules)
+    micro = cal.run(dtypes, modules, cancel)
     lin = micro["linear"]
 
     def above_floor(t, table):
@@ -234,16 +237,17 @@ def save_local(hw: Hardware) -> None:
         pass  # a read-only home only costs a re-measurement next time
 
 
-def local(refresh: bool = False, dtypes: tuple[str, ...] | None = None) -> Hardware:
+def local(refresh: bool = False, dtypes: tuple[str, ...] | None = None,
+          cancel: threading.Event | None = None) -> Hardware:
     """The measured spec of this machine: from the cache, or calibrated now (``refresh``: always now) for
-    ``dtypes`` (default: fp32, and bf16 where native)."""
+    ``dtypes`` (default: fp32, and bf16 where native); ``cancel``: see ``calibrate``."""
     entry = None if refresh else _read_entries().get(_local_key())
     if entry is not None:
         try:
             return Hardware(**entry)
         except TypeError:
             pass  # an entry of other fields: measure again
-    hw = calibrate(dtypes)
+    hw = calibrate(dtypes, cancel=cancel)
     save_local(hw)
     return hw
 

@@ -100,18 +100,30 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
     model_cfg = served.model.cfg
     context = None if model_cfg.is_recurrent else model_cfg.max_seq_len
 
+    calibration_cancel = threading.Event()  # set at shutdown: stops a machine calibration still running
+
     @app.on_event("startup")
     async def _start() -> None:
         if not worker.thread.is_alive():
             worker.start()
         if cfg.calibrate:  # the page's cost model needs this machine's figures: measure them now (cached on disk),
-            from attnlab.serve.predict import hardware  # not inside the first request that asks
+            app.state.calibration = threading.Thread(target=_calibrate, name="attnlab-calibrate", daemon=True)
+            app.state.calibration.start()  # not inside the first request that asks
 
-            app.state.calibration = threading.Thread(target=hardware, name="attnlab-calibrate", daemon=True)
-            app.state.calibration.start()
+    def _calibrate() -> None:
+        from attnlab.cost.calibrate import Cancelled
+        from attnlab.serve.predict import hardware
+
+        try:
+            hardware(calibration_cancel)
+        except Cancelled:
+            pass  # the server is stopping: the next start measures again
 
     @app.on_event("shutdown")
     async def _stop() -> None:
+        # A first start on a new machine calibrates for a minute or two: a stop must not wait for that (SIGTERM
+        # was then answered only after the calibration's end, past a supervisor's patience), so it is cancelled.
+        calibration_cancel.set()
         await asyncio.to_thread(worker.stop)
         calibration = getattr(app.state, "calibration", None)
         if calibration is not None:  # a thread still in a torch op when the interpreter exits aborts it (-6)
@@ -341,10 +353,16 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
                                "invalid_value")
         except ApiError as err:
             return error(err, "/api/predict")
+        from attnlab.cost.calibrate import Cancelled
         from attnlab.serve.predict import predict
 
         dtype = served.dtype if served.dtype in ("fp32", "bf16") else "bf16"
-        return await asyncio.to_thread(predict, model_cfg, prompt_tokens, output_tokens, cached_tokens, dtype)
+        try:
+            return await asyncio.to_thread(predict, model_cfg, prompt_tokens, output_tokens, cached_tokens, dtype,
+                                           calibration_cancel)
+        except Cancelled:
+            return error(ApiError(503, "the server is shutting down; the machine's calibration was stopped", None,
+                                  "shutting_down", "server_error"), "/api/predict")
 
     @app.get("/")
     async def page():

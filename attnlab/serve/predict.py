@@ -16,13 +16,15 @@ _hw = None
 _hw_lock = threading.Lock()
 
 
-def hardware():
+def hardware(cancel: threading.Event | None = None):
+    """This machine's spec, measured once per process (or read from the disk cache); ``cancel`` stops a
+    measurement in progress (``cost.calibrate.Cancelled``), as a server shutting down does."""
     global _hw
     with _hw_lock:
         if _hw is None:
             from attnlab.cost import hardware as hw_mod
 
-            _hw = hw_mod.local()
+            _hw = hw_mod.local(cancel=cancel)
         return _hw
 
 
@@ -34,10 +36,11 @@ def _forward_s(a, hw, dtype: str, T: int, S: int, head_rows: int | None) -> floa
                                analytic.forward_elementwise(a, T, S, sampled_rows=1)["total"])
 
 
-def predict(cfg, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0, dtype: str = "fp32") -> dict:
+def predict(cfg, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0, dtype: str = "fp32",
+            cancel: threading.Event | None = None) -> dict:
     """Predicted TTFT (with and without the cached prefix), TPOT at the request's mid-point, and KV bytes."""
     a = from_model_config(cfg)
-    hw = hardware()
+    hw = hardware(cancel)
     cached = min(max(cached_tokens, 0), prompt_tokens - 1)  # the last prompt token is always run (it gives logits)
     ttft = _forward_s(a, hw, dtype, prompt_tokens - cached, cached, 1)
     ttft_uncached = _forward_s(a, hw, dtype, prompt_tokens, 0, 1)
