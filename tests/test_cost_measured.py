@@ -1,0 +1,239 @@
+"""The cost model on this machine: the calibration micro-benchmarks (at tiny shapes), the held-out validation's
+arithmetic and table, the engine's timing of TTFT and decode, and a calibration cancelled midway."""
+import json
+import threading
+
+import pytest
+import torch
+
+from attnlab.config import ModelConfig
+from attnlab.cost import hardware
+from attnlab.cost.arch import from_model_config
+from attnlab.models import build_model
+
+
+TINY_CALIBRATION = {"widths": (40, 72), "prefill_rows": (12, 36), "decode_rows": (1, 3), "working_sets_mib": (0.1, 0.4),
+                    "attention_heads": 2, "attention_tokens": (20, 44), "attention_head_dims": (8, 24),
+                    "attention_keys": (12, 52), "elementwise_rows": (1, 12), "floor_width": 16, "cold_mib": (0, 1),
+                    "probe": {"dim": 16, "n_heads": 2, "vocab_size": 32, "layers": (1, 3), "batch": (1, 2),
+                              "prompt": 6, "new_tokens": 4}}
+
+
+@pytest.fixture
+def tiny_calibration(monkeypatch, tmp_path):
+    """The real micro-benchmarks at tiny shapes (seconds), on one thread (on a shared 2-core machine a second
+    thread waits for its partner on every tiny kernel), the cache in a temporary folder."""
+    from attnlab.cost import calibrate
+
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(calibrate, "CALIBRATION", TINY_CALIBRATION)
+    monkeypatch.setattr(calibrate, "ATTENTION_COLD_BYTES", 2 ** 18)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield tmp_path
+    torch.set_num_threads(threads)
+
+
+def test_local_hardware_is_measured_and_cached(tiny_calibration):
+    hw = hardware.get("local")
+    assert hw.peak_flops["fp32"] > 0 and hw.bandwidth_bytes_per_s > 0 and hw.op_overhead_s >= 0
+    assert hw.micro["shapes"] == TINY_CALIBRATION and hw.micro["dtypes"][0] == "fp32"
+    cache = json.loads((tiny_calibration / "hardware-local.json").read_text())
+    assert all(k.endswith(f"|micro-v{hardware.CALIBRATION_VERSION}") for k in cache["entries"])  # old entries unused
+    assert hardware.get("local").peak_flops == hw.peak_flops  # read back from the cache, not re-measured
+    # the cost model's CPU prediction runs on what was measured: every part of both phases, finite and >= 0
+    from attnlab.cost import cpu
+    from attnlab.cost.validate import _case, predict
+
+    pred = predict(_case(48, 2, 2, 10, 2), hw.micro)
+    for phase in ("prefill", "decode"):
+        assert set(pred[phase]) >= {"overhead", "linear", "attention", "elementwise", "total"}
+        assert all(v >= 0 and v < float("inf") for v in pred[phase].values())
+        assert pred[phase]["total"] == pytest.approx(sum(v for k, v in pred[phase].items() if k != "total"))
+    assert cpu.overheads(hw.micro, "cpu")["decode"]["per_op_s"] >= 0
+
+
+def test_calibration_shapes_are_disjoint_from_the_validation_cases():
+    from attnlab.cost import calibrate
+    from attnlab.cost.validate import CASES, _case, case_shapes, check_disjoint
+
+    calibration = calibrate.shapes()
+    assert len(calibration) > 50
+    for case in CASES:
+        assert not case_shapes(case) & calibration, case.name
+    check_disjoint(CASES)
+    # a case that runs a calibration shape is refused: 48 rows through W = 320 matrices, the prefill table's
+    with pytest.raises(ValueError, match="shares shapes with the calibration"):
+        check_disjoint([_case(320, 2, 4, 48, 1)])
+    with pytest.raises(ValueError, match="shares shapes"):  # the probe model itself
+        check_disjoint([_case(16, 1, 2, 100, 1)])
+
+
+def test_validation_cases_span_the_issue_ranges():
+    from attnlab.cost.validate import CASES
+
+    assert len(CASES) >= 8 and len({c.name for c in CASES}) == len(CASES)
+    assert min(c.dim for c in CASES) == 128 and max(c.dim for c in CASES) == 1024
+    assert min(c.n_layers for c in CASES) == 2 and max(c.n_layers for c in CASES) == 12
+    assert min(c.prompt for c in CASES) == 64 and max(c.prompt for c in CASES) == 2048
+    assert min(c.batch for c in CASES) == 1 and max(c.batch for c in CASES) == 8
+    assert {c.dtype for c in CASES} == {"fp32", "bf16"}
+
+
+def test_error_arithmetic_and_summary():
+    from attnlab.cost.validate import GOAL, summarize
+
+    rows = [{"phase": "prefill", "error": e} for e in (0.10, -0.20, 0.05)] + \
+           [{"phase": "decode", "error": e} for e in (-0.30, 0.12)]
+    s = summarize(rows)
+    assert s["all"] == {"median": pytest.approx(0.12), "worst": pytest.approx(0.30), "n": 5}
+    assert s["prefill"]["median"] == pytest.approx(0.10) and s["decode"]["worst"] == pytest.approx(0.30)
+    assert s["goal"] == GOAL and s["met"] is True
+    assert summarize(rows + [{"phase": "decode", "error": 0.36}])["met"] is False  # worst over 35%
+    assert summarize([{"phase": "decode", "error": e} for e in (0.2, -0.2, 0.1)])["met"] is False  # median over 15%
+
+
+def _synthetic_micro(flops=1e11, stream=1e10, overhead=1e-5):
+    """Calibration figures made up so that every rate is one constant: then a prediction is plain arithmetic."""
+    from attnlab.cost.calibrate import CALIBRATION, elementwise_elements
+
+    t = lambda s: {"wall": s, "cpu": s, "wall_min": s}  # noqa: E731
+    zero = t(0.0)
+    lin = {"floor": zero, "prefill": [[w, m, t(24 * m * w * w / flops)] for w in (96, 1280) for m in (48, 1536)],
+           "decode": [[w, r, ws, t(12 * w * w * 4 / stream)]
+                      for w in (96, 1280) for r in (1, 8) for ws in (2 ** 20, 2 ** 28)]}
+    H = CALIBRATION["attention_heads"]
+    att = {"floor": {"prefill": zero, "decode": zero},
+           "prefill": [[T, D, t(H * 4 * D * T * (T + 1) / 2 / flops)] for T in (96, 1536) for D in (24, 96)],
+           "decode": [[S, D, ws, t(H * S * D * 8 / stream)] for S in (40, 4000) for D in (24, 96)
+                      for ws in (2 * H * S * D * 4, 2 ** 26)]}
+    ew = {"floor": zero, "rows": [[m, w, elementwise_elements(m, w), t(elementwise_elements(m, w) / 1e9)]
+                                  for m in (1, 1536) for w in (96, 1280)]}
+    def probe_row(layers, ops):
+        t = {"ttft": 1e-3 + ops * overhead, "decode": ops * overhead}
+        return [layers, 1, {"wall": t, "cpu": t}, {"prefill": ops, "decode": ops}]
+    probe = {"rows": [probe_row(1, 40), probe_row(16, 520)]}
+    return {"linear": {"fp32": lin}, "attention": att, "elementwise": {"fp32": ew}, "probe": probe,
+            "memory": {"touch_bytes": 1e9, "touch": t(0.1), "read_bytes": 1e9, "read": t(0.1)}, "shapes": CALIBRATION}
+
+
+def test_cpu_prediction_is_the_sum_of_its_parts(monkeypatch):
+    """With constant rates the prediction is arithmetic: 2 * M * P_layer / FLOP/s per layer, weight bytes /
+    bandwidth, ops * per-op, and so on."""
+    from attnlab.cost import cpu
+    from attnlab.cost.analytic import params
+
+    micro = _synthetic_micro()
+    a = from_model_config(ModelConfig(dim=256, n_layers=4, n_heads=4))
+    ops = {"prefill": 150, "decode": 140, "prefill_matmuls": 17, "decode_matmuls": 17}
+    P = params(a)["layer_attention"] + params(a)["layer_mlp"]
+    pre = cpu.prefill_s(a, 2, 100, micro, "fp32", ops)
+    assert pre["overhead"] == pytest.approx(1e-3 + 150 * 1e-5)
+    assert pre["linear"] == pytest.approx(4 * 2 * 200 * P / 1e11)
+    assert pre["attention"] == pytest.approx(4 * 2 * 4 * 4 * 64 * 100 * 101 / 2 / 1e11)
+    assert pre["kv_cache"] == pytest.approx(2 * 4 * 2 * 4 * 101 * 64 * 4 / 1e10)
+    dec = cpu.decode_s(a, 2, 300, micro, "fp32", ops)
+    assert dec["linear"] == pytest.approx((4 * P + a.vocab_size * a.dim) * 4 / 1e10)
+    assert dec["attention"] == pytest.approx(4 * 2 * 4 * 301 * 64 * 8 / 1e10)
+    assert dec["overhead"] == pytest.approx(140 * 1e-5, abs=1e-9)
+    assert dec["total"] == pytest.approx(sum(v for k, v in dec.items() if k != "total"))
+    # bf16 weights: the cache is read at the width set_precision keeps it (bf16 where the decode kernel reads it)
+    from attnlab import kernels
+    micro["linear"]["bf16"], micro["elementwise"]["bf16"] = micro["linear"]["fp32"], micro["elementwise"]["fp32"]
+    monkeypatch.setattr(kernels, "_state", {"native": None})
+    assert cpu.decode_s(a, 2, 300, micro, "bf16", ops)["attention"] == pytest.approx(dec["attention"])
+    monkeypatch.setattr(kernels, "_state", {"native": object()})
+    assert cpu.decode_s(a, 2, 300, micro, "bf16", ops)["attention"] == pytest.approx(dec["attention"] / 2)
+
+
+def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, capsys):
+    """The whole --validate path on made-up figures (no timing): calibrations around the cases, one row per case
+    and phase with error = predicted / measured - 1, the pace scaling, the summary, the JSON file and the table."""
+    from argparse import Namespace
+
+    from attnlab.cli_measure import _cost_validate
+    from attnlab.cost import validate as v
+
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    even = {"fp32": 1e-3, "memory": 1e-2, "dispatch": 1e-4}
+    micro = {**_synthetic_micro(), "seconds": 0.0, "dtypes": ["fp32"], "pulse": {"wall": even, "cpu": even}}
+    monkeypatch.setattr(hardware, "calibrate", lambda dtypes=None, modules=None: hardware.Hardware(
+        "local", {"fp32": 1e11}, 1e10, 1e10, 1e-5, "test", micro=micro))
+    cases = (v._case(128, 2, 4, 64, 1), v._case(256, 3, 4, 100, 2), v._case(128, 2, 4, 64, 1, "bf16"))
+    monkeypatch.setattr(v, "CASES", cases)
+    monkeypatch.setattr("attnlab.runtime.fast_dtypes", lambda device="cpu": ("fp32",))
+    slow_fp32 = {**even, "fp32": 2e-3}  # matrix arithmetic ran at half the calibration's pace beside the cases
+    measured = {"wall": {"ttft": 0.02, "decode": 0.004}, "cpu": {"ttft": 0.01, "decode": 0.002},
+                "spread": {"ttft_min": 0.01, "ttft_max": 0.01, "decode_min": 0.002, "decode_max": 0.002},
+                "pulse": {"wall": slow_fp32, "cpu": slow_fp32}}
+    monkeypatch.setattr(v, "_measure_in_child", lambda case, repeats, threads: measured)
+    monkeypatch.setattr(v, "GROUP", 1)
+    out = tmp_path / "res.json"
+    assert _cost_validate(Namespace(threads=1, out=str(out), json=False)) == 0
+    text = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert len(res["rows"]) == 4 and res["clock"] == "cpu" and len(res["calibrations"]) == 3  # groups of one case
+    assert [s["case"] for s in res["skipped"]] == ["d128-L2-T64-B1-bf16"]  # bf16 is "emulated" here
+    for r in res["rows"]:
+        assert r["measured_s"] == measured["cpu"]["ttft" if r["phase"] == "prefill" else "decode"]
+        assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
+        assert r["pace"][0] == {"fp32": 2.0, "memory": 1.0, "dispatch": 1.0}
+        if r["phase"] == "prefill":  # linear, attention and elementwise doubled; overhead and memory parts not
+            p = r["parts"]
+            assert r["predicted_s"] == pytest.approx(r["predicted_unpaced_s"] + (p["linear"] + p["attention"]
+                                                                                 + p["elementwise"]) / 2)
+    assert res["summary"]["all"]["n"] == 4
+    assert "predicted" in text and "d256-L3-T100-B2-fp32" in text and "goal median <= 15%" in text
+    assert "skipped d128-L2-T64-B1-bf16" in text and "W x 3W" in text
+    assert res["context"]["cpu_capability"] and "onednn_bf16" in res["context"]
+    assert _cost_validate(Namespace(threads=1, out=str(out), json=True)) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["summary"]["all"]["n"] == 4 and len(printed["rows"]) == 4
+    from attnlab.cost.calibrate import CALIBRATION
+    assert printed["calibration_shapes"]["widths"] == list(CALIBRATION["widths"])
+
+
+def test_stamped_generation_times_decode_apart_from_the_prefill():
+    """The decode figure comes from the steps after the first token (both clocks), so a long prompt's prefill
+    does not enter it: with the same steps, a 16x longer prompt raises TTFT far more than the decode figure
+    (measured: TTFT 3.1x, decode 1.2x)."""
+    from attnlab.cost.engine_timing import stamped_generate, time_generate
+    from attnlab.engine import generate
+
+    cfg = ModelConfig(dim=32, n_layers=2, n_heads=2, vocab_size=64, max_seq_len=1100)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    with torch.inference_mode():
+        short, long_ = [[1] * 64], [[1] * 1024]
+        one = stamped_generate(model, short, 9)
+        assert set(one) == {"wall", "cpu"} and all(t > 0 for c in one.values() for t in c)
+        timed = {name: time_generate(model, p, 9, repeats=3, min_warm_s=0.0) for name, p in (("short", short),
+                                                                                             ("long", long_))}
+        assert set(timed["short"]["spread"]) == {"ttft_min", "ttft_max", "decode_min", "decode_max"}
+        ttft_ratio = timed["long"]["wall"]["ttft"] / timed["short"]["wall"]["ttft"]
+        decode_ratio = timed["long"]["wall"]["decode"] / timed["short"]["wall"]["decode"]
+        assert ttft_ratio > 2 and decode_ratio < 0.6 * ttft_ratio, (ttft_ratio, decode_ratio)
+        # it generates what engine.generate does (the same scheduler, greedy by default)
+        assert len(generate(model, short, 9).tokens) == 9
+        # the first token is timed after a prefill-only step: a full step also takes a just-prefilled row's second
+        from attnlab.engine.sampling import SamplingParams
+        from attnlab.engine.scheduler import Scheduler, Sequence
+        for decode, want in ((False, 1), (True, 2)):
+            sched = Scheduler(model, max_len=80, max_batch=2)
+            seqs = [sched.submit(Sequence([1] * n, 9, SamplingParams())) for n in (64, 40)]
+            sched.step(decode=decode)
+            assert [len(s.tokens) for s in seqs] == [want, want]
+
+
+def test_a_cancelled_calibration_stops_and_caches_nothing(monkeypatch, tmp_path):
+    """``cancel`` (a server's shutdown) stops the micro-benchmarks before their next timed repeat; no spec is saved,
+    and the next calibration on the same thread is not stopped by the old event."""
+    from attnlab.cost import calibrate
+
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(calibrate.Cancelled):
+        hardware.local(cancel=stop)
+    assert not (tmp_path / "hardware-local.json").exists()
+    assert calibrate._time(lambda: None, repeats=1, warm=0)["wall"] >= 0  # the thread's cancel event was reset
