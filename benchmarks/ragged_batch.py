@@ -19,7 +19,6 @@ import argparse
 import copy
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -136,7 +135,8 @@ def prefix_sharing(base, new: int = 8) -> dict:
     cold, _ = ttft(prefix + suffixes[0])
     warm = [ttft(prefix + s) for s in suffixes[1:]]
     # all 8 at once, with fresh suffixes: the prefix's blocks are held once
-    seqs = [sched.submit(Sequence(prefix + [t + 1 for t in s], new)) for s in suffixes]
+    for s in suffixes:
+        sched.submit(Sequence(prefix + [t + 1 for t in s], new))
     sched.step()
     tables = sched.state.tables
     unique = len({b for t in tables for b in t})

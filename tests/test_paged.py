@@ -63,7 +63,6 @@ def test_prefix_blocks_are_shared_and_skip_prefill():
     while sched.has_work:
         sched.step()
     assert first.cached_tokens == 0
-    used_before = pool.used_blocks
     seqs = [sched.submit(Sequence(prefix + [32 + i, 33], 3)) for i in range(4)]
     sched.step()  # admitted and prefilled together
     # 5 full blocks are shared by reference; the block holding tokens 20..23 is copied where they diverge.
