@@ -65,6 +65,11 @@ def summarize(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def round_ratios(a: list[float], b: list[float]) -> dict:
+    """Per-round a/b (both timed in the same round): median, min, max."""
+    return summarize([x / y for x, y in zip(a, b)])
+
+
 def timed_call(fn):
     """(wall seconds, result) of fn(): the benchmark's own clock, read just before the call and just after it
     returns, whatever library is under test (MEASURING.md: one clock for both sides)."""

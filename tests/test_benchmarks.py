@@ -31,14 +31,15 @@ def test_round_order_alternates_abba(dvh):
 
 
 def test_speculative_settings_are_tuned_apart_from_the_held_out_prompts(dvh, monkeypatch):
-    monkeypatch.setattr(dvh, "DRAFT_KS", (2, 3))  # two settings per method keep the test short
-    monkeypatch.setattr(dvh, "LOOKUP", (((2, 4), 2), ((1, 3), 3)))
+    spec = importlib.import_module("speculative_trained")  # decode_vs_hf's trained section (on the path dvh set)
+    monkeypatch.setattr(spec, "DRAFT_KS", (2, 3))  # two settings per method keep the test short
+    monkeypatch.setattr(spec, "LOOKUP", (((2, 4), 2), ((1, 3), 3)))
     torch.manual_seed(0)
     target = build_model(tiny(vocab_size=37, dim=32, max_seq_len=512)).eval()
     draft = build_model(tiny(vocab_size=37, n_layers=1, max_seq_len=512)).eval()
     val = torch.randint(0, 37, (20_000,), generator=torch.Generator().manual_seed(0)).tolist()
-    res = dvh.speculative_section(target, draft, val, ["fp32"], n=5, n_prompts=1, rounds=2)
-    for method, n_settings in (("draft", len(dvh.DRAFT_KS)), ("lookup", len(dvh.LOOKUP))):
+    res = spec.speculative_section(target, draft, val, ["fp32"], n=5, n_prompts=1, rounds=2)
+    for method, n_settings in (("draft", len(spec.DRAFT_KS)), ("lookup", len(spec.LOOKUP))):
         entry = res["fp32"][method]
         assert len(entry["tuning"]) == n_settings  # the whole tuning table is kept
         best = max(entry["tuning"].values(), key=lambda v: v["speedup"])["speedup"]
