@@ -198,8 +198,9 @@ def _last_level_cache_bytes() -> int | None:
 
 
 # 2: elementwise_per_s; 3: gemv through DenseLinear, cache-resident gemv; 4: by width; 5: micro-benchmarks only, at
-# shapes disjoint from the validated models' (cost.calibrate), kept whole in ``micro``
-CALIBRATION_VERSION = 5
+# shapes disjoint from the validated models' (cost.calibrate), kept whole in ``micro``; 6: prefill products through
+# engine/many_rows (oneDNN where it is faster)
+CALIBRATION_VERSION = 6
 
 
 def _local_key() -> str:

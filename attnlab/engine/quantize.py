@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab import kernels
+from attnlab.engine import many_rows
 from attnlab.errors import AttnlabError
 from attnlab.models import block_step
 from attnlab.runtime import native_bf16
@@ -99,7 +100,9 @@ class DenseLinear(nn.Module):
     ``rows``: how many rows (batch x tokens) the decode calls will usually carry: 1 for plain decoding, k+1
     for the target of speculative decoding, B for a batch of B sequences. Packed layouts are laid out for
     that size (on the AMD machine, weights packed for 1 row made a 4-row call 1.54x a 1-row call, packed for
-    4 rows 1.16x). Prefill (hundreds of rows) runs on whichever layout was chosen.
+    4 rows 1.16x). Prefill (more than ``rows`` and kernels.MAX_ROWS rows) reads the same weight through
+    engine/many_rows, whose library GEMM is chosen by its own measurement (``many_path``); a weight packed by
+    oneDNN is read by oneDNN at every row count.
 
     ``few_rows`` (fp32 or bf16 on a CPU where attnlab's kernel builds: attnlab/kernels): up to kernels.MAX_ROWS
     rows, each weight vector is read once for up to 4 rows and a bf16 one widened in registers, all in fp32
@@ -134,6 +137,11 @@ class DenseLinear(nn.Module):
             self._chosen[key] = path
         self.path = path
         builders[path]()
+        self.many_path = "onednn" if path == "onednn" else many_rows.choose(self._plain_weight(), self.bias)
+
+    def _plain_weight(self) -> torch.Tensor:
+        """The (out, in) weight whatever the layout (a transposed view of the (in, out) one); not for ``onednn``."""
+        return self.weight if hasattr(self, "weight") else self.weight_t.t()
 
     def _candidates(self, w: torch.Tensor, dtype, rows: int) -> dict:
         """path -> a function that installs that layout on self."""
@@ -176,11 +184,10 @@ class DenseLinear(nn.Module):
         x2 = x.reshape(-1, shape[-1])  # (B*T, in)
         if self.path == "onednn":
             y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
+        elif x2.shape[0] > max(kernels.MAX_ROWS, self.rows):  # prefill-sized: the measured library GEMM
+            y = many_rows.linear(self.many_path, x2, self._plain_weight(), self.bias)
         elif self.path == "few_rows":
-            if x2.shape[0] <= kernels.MAX_ROWS:
-                y = kernels.native().linear(x2, self.weight, _NONE, self._bias32)
-            else:
-                y = F.linear(x2, self.weight, self.bias)
+            y = kernels.native().linear(x2, self.weight, _NONE, self._bias32)
         elif self.path == "mv":
             if x2.shape[0] == 1:
                 y = torch.mv(self.weight, x2[0])[None]
@@ -214,11 +221,11 @@ class Int8Linear(nn.Module):
     more rows go to int8pack). Both use the same int8 weights and the same (bf16-rounded) scales.
 
     From ``MANY_ROWS`` rows (a prefill, a long verification) the weight is widened to the activations' dtype for
-    the call and multiplied by the dense kernel (oneDNN's AMX GEMM here), the scale applied to the product: such a
-    call is compute-bound, and int8pack's kernel is a vector loop. Measured on the Sapphire Rapids here (2 threads,
-    bf16 activations, best of 5): GPT-2's 768 x 2304 matrix at 512 rows 17.7 ms in int8pack, 3.4 ms widened; at
-    64 rows 2.2 vs 0.8; at 16 rows 0.57 vs 0.55; at 8 rows 0.31 vs 0.54. A 512-token prefill of GPT-2 small in
-    int8 took 0.76-0.97 s, twice fp32's and five times bf16's."""
+    the call and multiplied by the dense kernel (engine/many_rows' choice: oneDNN's AMX GEMM here), the scale
+    applied to the product: such a call is compute-bound, and int8pack's kernel is a vector loop. Measured on the
+    Sapphire Rapids here (2 threads, bf16 activations, best of 5): GPT-2's 768 x 2304 matrix at 512 rows 17.7 ms
+    in int8pack, 3.4 ms widened; at 64 rows 2.2 vs 0.8; at 16 rows 0.57 vs 0.55; at 8 rows 0.31 vs 0.54. A
+    512-token prefill of GPT-2 small in int8 took 0.76-0.97 s, twice fp32's and five times bf16's."""
 
     CHUNK_ROWS = 8192
     MANY_ROWS = 32
@@ -244,6 +251,9 @@ class Int8Linear(nn.Module):
                 self._chosen[key] = _time_paths(self, ["int8pack", "few_rows"], xs, self.PROBE_CALLS,
                                                 cold=max(counts) <= COLD_ROWS)
             self.path = self._chosen[key]
+        wide = self._widen_to(torch.empty(0, dtype=act_dtype, device=self.weight.device))
+        if wide is not None:  # the prefill product's library, measured now rather than in the first prefill
+            many_rows.choose(self.weight.to(wide), None)
 
     def forward(self, x):
         shape = x.shape
@@ -254,7 +264,9 @@ class Int8Linear(nn.Module):
         wide = self._widen_to(x2) if x2.shape[0] >= self.MANY_ROWS else None
         try:
             if wide is not None:
-                y = (F.linear(x2.to(wide), self.weight.to(wide)).float() * self._scale32).to(x2.dtype)  # (rows, out)
+                w = self.weight.to(wide)
+                y = many_rows.linear(many_rows.choose(w, None), x2.to(wide), w, None)  # (rows, out)
+                y = (y.float() * self._scale32).to(x2.dtype)
             elif self.out_features > self.CHUNK_ROWS:  # a wide matrix (the LM head) in row chunks: measured on the
                 # 50257 x 768 head here, 4.7 ms whole, 2.8 ms in 8 chunks (the kernel streams a chunk faster)
                 y = torch.cat([torch._weight_int8pack_mm(x2, w, s)

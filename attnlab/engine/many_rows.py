@@ -1,0 +1,71 @@
+"""The product for prefill-sized calls (more than kernels.MAX_ROWS rows) of an inference Linear, chosen by
+measurement per shape on the machine it runs on.
+
+Such a call is compute-bound (each weight is read once for hundreds of rows), so what decides its speed is the
+GEMM library, and which library is fastest depends on the CPU. Torch 2.13's F.linear sends an fp32 product to MKL
+and a bf16 one to oneDNN. On the AMD EPYC (Zen 5: AVX-512 and avx512_bf16, no AMX) of session 12, MKL ran GPT-2
+small's fp32 matrices at 130-180 GFLOP/s on 2 threads and oneDNN, over the same plain weight, at 320-400 (MKL's
+AVX-512 kernels are for Intel CPUs): a 512-token GPT-2 small prefill spent 96% of its time in MKL's addmm. On an
+Intel CPU both libraries have AVX-512 kernels and either may win. So each shape is timed once per process on both
+and the faster kept:
+
+- ``linear``: F.linear (torch's own choice of library);
+- ``onednn``: ``torch.ops.mkldnn._linear_pointwise`` over the same (out, in) weight, laid out as it is: no second
+  copy of the weights (oneDNN reads a plain weight, measured within 10% of its prepacked layout at 64+ rows).
+
+Both are fp32 arithmetic on fp32 inputs (oneDNN's sums in another order: ~1e-6 relative here).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+PATHS = ("linear", "onednn")
+PROBE_ROWS = 128  # a short prompt's worth: both libraries past their few-row ramp (measured from 64 rows on)
+PROBE_CALLS = 3  # best of 3, after one untimed call
+_chosen: dict = {}  # (in, out, dtype, bias, transposed) -> path, measured once per process
+
+
+def candidates(weight: torch.Tensor) -> tuple[str, ...]:
+    """The paths that can run this weight here: oneDNN for fp32 and bf16 on a CPU with oneDNN."""
+    if weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and \
+            torch.backends.mkldnn.is_available():
+        return PATHS
+    return ("linear",)
+
+
+def choose(weight: torch.Tensor, bias: torch.Tensor | None) -> str:
+    """The faster path for calls of many rows against ``weight`` (out, in) (and ``bias``), timed on first sight of
+    the shape and remembered."""
+    paths = candidates(weight)
+    if len(paths) == 1:
+        return paths[0]
+    key = (weight.shape[1], weight.shape[0], weight.dtype, bias is not None, not weight.is_contiguous())
+    if key not in _chosen:
+        x = torch.randn(PROBE_ROWS, weight.shape[1]).to(weight.dtype)
+        best, best_s = "linear", float("inf")
+        for path in paths:
+            try:
+                with torch.inference_mode():
+                    linear(path, x, weight, bias)
+                    took = []
+                    for _ in range(PROBE_CALLS):
+                        t = time.perf_counter()
+                        linear(path, x, weight, bias)
+                        took.append(time.perf_counter() - t)
+            except RuntimeError:  # a path this build cannot run at this shape or dtype
+                continue
+            if min(took) < best_s:
+                best, best_s = path, min(took)
+        _chosen[key] = best
+    return _chosen[key]
+
+
+def linear(path: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (M, in) @ weight (out, in)^T + bias -> (M, out) on ``path``. oneDNN's op has no backward, so a call that
+    autograd would record runs F.linear."""
+    if path == "onednn" and not (torch.is_grad_enabled() and x.requires_grad):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
