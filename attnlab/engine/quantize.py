@@ -107,7 +107,8 @@ class DenseLinear(nn.Module):
     ``few_rows`` (fp32 or bf16 on a CPU where attnlab's kernel builds: attnlab/kernels): up to kernels.MAX_ROWS
     rows, each weight vector is read once for up to 4 rows and a bf16 one widened in registers, all in fp32
     arithmetic (torch's one-row bf16 kernels streamed 10-13 GB/s of bf16 on the Sapphire Rapids here, slower
-    than fp32, and its fp32 GEMMs at 8 rows 14-19 GB/s against 27-30 at one); more rows (prefill) go to F.linear.
+    than fp32, and its fp32 GEMMs at 8 rows 14-19 GB/s against 27-30 at one); more rows (prefill) go to
+    engine/many_rows.
 
     ``varying``: the row count changes from call to call (a server's batch grows and shrinks between 1 and
     ``rows``). Only layouts that serve every row count compete (``mkl``'s packed weight serves exactly its
