@@ -252,7 +252,7 @@ class Int8Linear(nn.Module):
                 self._chosen[key] = _time_paths(self, ["int8pack", "few_rows"], xs, self.PROBE_CALLS,
                                                 cold=max(counts) <= COLD_ROWS)
             self.path = self._chosen[key]
-        wide = self._widen_to(torch.empty(0, dtype=act_dtype, device=self.weight.device))
+        wide = self._widen_to(act_dtype, self.weight.device)
         if wide is not None:  # the prefill product's library, measured now rather than in the first prefill
             many_rows.choose(self.weight.to(wide), None)
 
@@ -262,7 +262,7 @@ class Int8Linear(nn.Module):
         if self.path == "few_rows" and x2.shape[0] <= kernels.MAX_ROWS:
             y = kernels.native().linear(x2, self.weight, self._scale32, self._bias32)
             return y.reshape(*shape[:-1], self.out_features)
-        wide = self._widen_to(x2) if x2.shape[0] >= self.MANY_ROWS else None
+        wide = self._widen_to(x2.dtype, x2.device) if x2.shape[0] >= self.MANY_ROWS else None
         try:
             if wide is not None:
                 w = self.weight.to(wide)
@@ -283,13 +283,13 @@ class Int8Linear(nn.Module):
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
-    def _widen_to(self, x: torch.Tensor) -> torch.dtype | None:
+    def _widen_to(self, dtype: torch.dtype, device: torch.device) -> torch.dtype | None:
         """The dtype a many-row call widens the weight to: the activations' own where the device runs it natively
         (bf16 matmuls emulated on an AVX2-only CPU were ~100x slower than fp32), else fp32; None on a device
         whose dense kernel is not known to beat int8pack here (left to int8pack)."""
-        if x.device.type != "cpu":
+        if device.type != "cpu":
             return None
-        return x.dtype if x.dtype == torch.float32 or native_bf16("cpu") else torch.float32
+        return dtype if dtype == torch.float32 or native_bf16("cpu") else torch.float32
 
     @property
     def dequantized(self) -> torch.Tensor:
