@@ -27,7 +27,9 @@ export function fmtBytes(n) {
 }
 
 export function fmtRate(perS) {
-  return Number.isFinite(perS) ? `${perS.toPrecision(3)} tok/s` : "…";
+  // Three significant digits, never an exponent: toPrecision(3) wrote a tiny model's 1,234 tok/s as "1.23e+3"
+  if (!Number.isFinite(perS)) return "…";
+  return `${perS >= 100 ? Math.round(perS) : perS.toPrecision(3)} tok/s`;
 }
 
 // An axis step of 1, 2 or 5 x 10^k that gives about `count` ticks over `span`.
