@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.experiments.base import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED
+from attnlab.experiments.base import (INCONCLUSIVE, NOT_SUPPORTED, REGIME_NOT_REACHED, SUPPORTED, UNSTABLE, Decision,
+                                      condition, in_regime, over_repeats)
 
 
 def _decide(name):
@@ -28,6 +29,30 @@ def _with(base, fn):
     m = copy.deepcopy(base)
     fn(m)
     return m
+
+
+def test_in_regime_turns_any_verdict_outside_the_regime_into_inconclusive():
+    met, missed = condition("lengths", 4.0, ">= 4x trained", True), condition("learned", 0.3, ">= 0.9", False)
+    for v in (SUPPORTED, NOT_SUPPORTED):
+        inside = in_regime([met], Decision(v, "fig", ["r"]))
+        assert (inside.verdict, inside.qualifier, inside.regime) == (v, "", [met])
+        outside = in_regime([met, missed], Decision(v, "fig", ["r"]))
+        assert (outside.verdict, outside.qualifier) == (INCONCLUSIVE, REGIME_NOT_REACHED)
+        assert outside.label == "inconclusive (regime not reached)" and repr(v) in outside.reasons[-1]
+    assert condition("x", float("nan"), "> 0", True)["met"] is None  # a NaN measurement meets nothing
+    assert in_regime([condition("x", float("nan"), "> 0", True)], Decision(SUPPORTED, "f")).verdict == INCONCLUSIVE
+
+
+def test_over_repeats_needs_agreement():
+    s, n = Decision(SUPPORTED, "f", ["a"]), Decision(NOT_SUPPORTED, "f", ["b"])
+    assert over_repeats([s, s, s]).verdict == SUPPORTED
+    assert over_repeats([n, n, n]).verdict == NOT_SUPPORTED
+    mixed = over_repeats([s, n, s])
+    assert (mixed.verdict, mixed.qualifier, mixed.repeats) == (INCONCLUSIVE, UNSTABLE, [SUPPORTED, NOT_SUPPORTED, SUPPORTED])
+    out = in_regime([condition("learned", 0.1, ">= 0.9", False)], s)
+    assert over_repeats([s, out, s]).qualifier == REGIME_NOT_REACHED
+    with pytest.raises(ValueError):
+        over_repeats([])
 
 
 # --- claim 1: traced depth ---------------------------------------------------------------------------------------

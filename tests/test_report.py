@@ -119,6 +119,30 @@ def test_results_record_the_code_version_and_the_page_shows_it():
     assert "not a git checkout" in render({**results, "context": {**ctx, "git": None}})
     old = {k: v for k, v in ctx.items() if k != "git"}  # a results.json written before the field existed
     assert "code not recorded" in render({**results, "context": old})
+    # a dirty tree's run says on its page that it is no reference; a clean one does not
+    assert "Not a reference run:</b> run from a tree with uncommitted changes" in html
+    clean = {**results, "context": {**ctx, "git": {"commit": "a" * 40, "dirty": False}}}
+    assert "Not a reference run" not in render(clean)
+    assert "not run from a git checkout" in render({**results, "context": {**ctx, "git": None}})
+
+
+def test_page_shows_the_regime_and_the_repetitions():
+    """An inconclusive verdict says why (regime not reached / unstable) in the table and the section, with each
+    measured condition of the regime beside it."""
+    from attnlab.experiments.base import REGIME_NOT_REACHED, condition, label
+    from attnlab.runtime import machine_context
+
+    ctx = {**machine_context(0, device="cpu"), "git": {"commit": "b" * 40, "dirty": False}}
+    cond = condition("decode memory-bound", 3.5, "<= 1.5x the weights-over-bandwidth time", False, "3.5x")
+    claim = {"id": 13, "title": "Speculative decoding", "claim": "c", "prediction": "p", "threshold": "t",
+             "regime_statement": "a memory-bound target", "source": "s.py", "verdict": "inconclusive",
+             "qualifier": REGIME_NOT_REACHED, "regime": [cond], "repeats": ["supported", "not supported"],
+             "figure": "f", "elapsed_s": 0.1, "plots": []}
+    html = render({"scale": "full", "context": ctx, "claims": [claim]})
+    assert html.count(label("inconclusive", REGIME_NOT_REACHED)) == 2  # the claims table and the section's head
+    assert "Where the claim applies (stated before measuring).</b> a memory-bound target" in html
+    assert "<td>decode memory-bound</td><td>&lt;= 1.5x the weights-over-bandwidth time</td><td>3.5x</td><td>no</td>" in html
+    assert "supported · not supported" in html
 
 
 def test_progress_estimates_and_lines(tmp_path):

@@ -11,6 +11,13 @@ so a test can show that every verdict can come out "not supported" or "inconclus
 refutes is reported as "not supported"; too little signal is "inconclusive". A module's ``CHANGES``
 list records every change to its prediction, threshold or method after the first measurement (date,
 old, new, why); the report shows it under the claim.
+
+Measure where the claim lives: a module's ``REGIME`` states, before measuring, the conditions under which
+its claim applies (a memory-bound decode, test lengths beyond training, a model that learned the task).
+``decide`` measures each as a ``condition`` and passes them to ``in_regime``: an unmet condition makes the
+verdict "inconclusive (regime not reached)", never "not supported", and the page shows each condition
+with its measured value beside the verdict. A verdict that comes from several independent repetitions
+(seeds or rounds) goes through ``over_repeats``: repetitions that disagree make it "inconclusive (unstable)".
 """
 from __future__ import annotations
 
@@ -19,7 +26,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
+REGIME_NOT_REACHED, UNSTABLE = "regime not reached", "unstable"  # why a verdict is inconclusive, when not the data
 SCALES = ("quick", "full")
+FULL_REPEATS = 3  # independent repetitions (seeds or rounds) behind every verdict at full scale
 
 
 @dataclass
@@ -49,11 +58,14 @@ class Outcome:
     caveats: list[str] = field(default_factory=list)
     device: str | None = None  # where it ran, when not the device it was given (e01 traces on "meta")
     reasons: list[str] = field(default_factory=list)  # each check decide() made, with its numbers
+    qualifier: str = ""  # REGIME_NOT_REACHED or UNSTABLE when the verdict is inconclusive for that reason
+    regime: list[dict] = field(default_factory=list)  # the conditions the claim needs, each measured (condition())
+    repeats: list[str] = field(default_factory=list)  # the verdict of each independent repetition, when several
 
     @classmethod
     def of(cls, decision: "Decision", data: dict, plots=(), table=(), caveats=(), device=None) -> "Outcome":
         return cls(decision.verdict, decision.figure, data, list(plots), list(table), list(caveats), device,
-                   list(decision.reasons))
+                   list(decision.reasons), decision.qualifier, list(decision.regime), list(decision.repeats))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,6 +83,7 @@ class Experiment:
     decide: Callable | None = None  # decide(measured: dict) -> Decision
     changes: list = field(default_factory=list)  # the module's CHANGES: [{date, what, old, new, why}]
     source: str = ""
+    regime: str = ""  # the module's REGIME: where the claim applies, stated before measuring
     est_s: dict = field(default_factory=dict)  # the module's EST_S: {"quick": s, "full": s}, for the progress bar
 
 
@@ -79,6 +92,63 @@ class Decision:
     verdict: str
     figure: str  # the key measured figure, in words
     reasons: list[str] = field(default_factory=list)  # each check, with its numbers, in the order made
+    qualifier: str = ""  # REGIME_NOT_REACHED or UNSTABLE: why an inconclusive verdict is inconclusive
+    regime: list[dict] = field(default_factory=list)  # condition() dicts: what the claim needs, measured
+    repeats: list[str] = field(default_factory=list)  # one label per independent repetition
+
+    @property
+    def label(self) -> str:
+        """The verdict as a reader sees it: "inconclusive (regime not reached)" rather than a bare "inconclusive"."""
+        return f"{self.verdict} ({self.qualifier})" if self.qualifier else self.verdict
+
+
+def label(verdict_: str, qualifier: str = "") -> str:
+    return f"{verdict_} ({qualifier})" if qualifier else verdict_
+
+
+def condition(name: str, value, need: str, met: bool | None, shown: str | None = None) -> dict:
+    """One measured condition of a claim's regime: ``need`` is the requirement in words (stated before measuring),
+    ``value`` the measurement, ``met`` whether it holds (None: could not be measured, which counts as not met)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        met = None
+    return {"name": name, "value": value, "need": need, "met": bool(met) if met is not None else None,
+            "shown": shown if shown is not None else (f"{value:.4g}" if isinstance(value, float) else str(value))}
+
+
+def in_regime(conditions: list[dict], decision: Decision) -> Decision:
+    """``decision`` when every condition of the regime holds; otherwise "inconclusive (regime not reached)", keeping
+    the figure and the reasons, and saying which verdict the data would have given inside the regime."""
+    missed = [c for c in conditions if not c["met"]]
+    regime_reasons = [f"regime: {c['name']} {c['shown']} (needs {c['need']}): "
+                      f"{'met' if c['met'] else ('not measured' if c['met'] is None else 'not met')}" for c in conditions]
+    if not missed:
+        return Decision(decision.verdict, decision.figure, regime_reasons + list(decision.reasons), decision.qualifier,
+                        list(conditions), list(decision.repeats))
+    return Decision(INCONCLUSIVE, decision.figure, regime_reasons + list(decision.reasons) + [
+        f"outside the regime ({', '.join(c['name'] for c in missed)}), so no verdict; the data alone would read "
+        f"{decision.label!r}"], REGIME_NOT_REACHED, list(conditions), list(decision.repeats))
+
+
+def over_repeats(decisions: list[Decision], figure: str | None = None) -> Decision:
+    """One verdict from independent repetitions, each decided alone: all agree -> that verdict; any outside its
+    regime -> "inconclusive (regime not reached)"; otherwise any disagreement -> "inconclusive (unstable)"."""
+    if not decisions:
+        raise ValueError("over_repeats needs at least one decided repetition")
+    labels = [d.label for d in decisions]
+    reasons = [f"repetition {i + 1} of {len(decisions)}: {lab}" + (f" ({d.reasons[-1]})" if d.reasons else "")
+               for i, (d, lab) in enumerate(zip(decisions, labels))]
+    many = len(decisions) > 1
+    regime = [{**c, "name": f"{c['name']} (repetition {i + 1})" if many else c["name"]}
+              for i, d in enumerate(decisions) for c in d.regime]
+    first = decisions[0]
+    if len(set(labels)) == 1:
+        return Decision(first.verdict, figure or first.figure, reasons, first.qualifier, regime, labels)
+    if any(d.qualifier == REGIME_NOT_REACHED for d in decisions):
+        return Decision(INCONCLUSIVE, figure or first.figure, reasons + [
+            "a repetition ran outside the claim's regime, so no verdict"], REGIME_NOT_REACHED, regime, labels)
+    return Decision(INCONCLUSIVE, figure or first.figure,
+                    reasons + [f"the repetitions disagree ({', '.join(sorted(set(labels)))}), so the verdict is not a finding"],
+                    UNSTABLE, regime, labels)
 
 
 def verdict(supported: bool | None) -> str:

@@ -13,6 +13,7 @@ TEMPLATE = Path(__file__).with_name("template.html")  # package data: pyproject.
 def run_report(scale: str = "quick", only: list[int] | None = None, device: str = "cpu", progress=None) -> dict:
     """Run the chosen claims' experiments on ``device``; each claim's entry records the device it ran on."""
     from attnlab.experiments import registry
+    from attnlab.experiments.base import label
     from attnlab.runtime import host_speed, machine_context, resolve_device, set_threads
 
     exps = registry()
@@ -32,17 +33,32 @@ def run_report(scale: str = "quick", only: list[int] | None = None, device: str 
         t = time.perf_counter()
         outcome = exp.run(scale, device)
         entry = {"id": exp.id, "slug": exp.slug, "title": exp.title, "claim": exp.claim, "prediction": exp.prediction,
-                 "threshold": exp.threshold, "changes": exp.changes, "source": exp.source,
+                 "threshold": exp.threshold, "regime_statement": exp.regime, "changes": exp.changes,
+                 "source": exp.source,
                  "elapsed_s": time.perf_counter() - t,
                  **outcome.to_dict()}
         entry["device"] = outcome.device or device  # an experiment that ran elsewhere (e.g. "meta") says so
+        entry["label"] = label(outcome.verdict, outcome.qualifier)
         claims.append(entry)
         if progress:
             progress(exp, entry)
     total_s = time.perf_counter() - t0
     speed["end"] = host_speed()
-    return {"attnlab_report": 1, "scale": scale, "device": device, "seed": 0,
-            "context": {**machine_context(0, device=device), "host_speed": speed}, "total_s": total_s, "claims": claims}
+    context = {**machine_context(0, device=device), "host_speed": speed}
+    return {"attnlab_report": 1, "scale": scale, "device": device, "seed": 0, "context": context,
+            "reference": reference_status(context), "total_s": total_s, "claims": claims}
+
+
+def reference_status(context: dict) -> dict:
+    """Whether these results can serve as a reference: only a run from a clean tree at a named commit can, since
+    a dirty tree's code cannot be checked out again to reproduce it."""
+    git = context.get("git") or {}
+    if not git.get("commit"):
+        return {"usable": False, "why": "not run from a git checkout: no commit names the code that ran"}
+    if git.get("dirty") is not False:
+        return {"usable": False, "why": f"run from a tree with uncommitted changes at {git['commit'][:12]}: "
+                                        "the code that ran is not any commit; rerun from a clean tree"}
+    return {"usable": True, "why": f"clean tree at {git['commit'][:12]}"}
 
 
 def _fmt(v):
@@ -54,6 +70,7 @@ def _fmt(v):
 def render(results: dict) -> str:
     import jinja2
 
+    from attnlab.experiments.base import label
     from attnlab.report.plots import svg
 
     env = jinja2.Environment(autoescape=True)
@@ -61,9 +78,11 @@ def render(results: dict) -> str:
     claims = []
     for c in results["claims"]:
         columns = list(dict.fromkeys(k for row in c.get("table", []) for k in row))  # rows may differ: the union
-        claims.append({**c, "svgs": [svg(p) for p in c.get("plots", [])], "columns": columns})
+        claims.append({**c, "svgs": [svg(p) for p in c.get("plots", [])], "columns": columns,
+                       "label": c.get("label") or label(c["verdict"], c.get("qualifier", ""))})
+    ref = results.get("reference") or reference_status(results["context"])
     return env.from_string(TEMPLATE.read_text()).render(claims=claims, ctx=results["context"], scale=results["scale"],
-                                                        total_s=results.get("total_s", 0.0))
+                                                        total_s=results.get("total_s", 0.0), reference=ref)
 
 
 def write_report(results: dict, out: str | Path) -> Path:
