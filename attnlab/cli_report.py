@@ -100,6 +100,15 @@ def cmd_report(args) -> int:
     from attnlab.report import load_results, run_report, write_report
 
     set_threads(args.threads)
+    if args.history:
+        from attnlab.report.references import history_markdown, verdict_history
+
+        rows = verdict_history(args.history)
+        if rows is None:
+            raise AttnlabError(f"--history {args.history}: git has no committed versions of it here "
+                               "(run from a full clone of the repository)")
+        print(history_markdown(rows), end="")
+        return 0
     if args.from_json:
         results = load_results(args.from_json)
     else:
@@ -115,7 +124,8 @@ def cmd_report(args) -> int:
     page = write_report(results, args.out)
     print(f"{len(results['claims'])} claims -> {page} (and results.json)")
     for c in results["claims"]:
-        print(f"  {c['id']:2d}. {c['title']:45s} {c['verdict']:14s} {c['figure']}")
+        label = c.get("label") or c["verdict"]
+        print(f"  {c['id']:2d}. {c['title']:45s} {label:14s} {c['figure']}")
     return 0
 
 
@@ -126,5 +136,7 @@ def add_report_command(sub) -> None:
     p.add_argument("--out", default="runs/report")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--from", dest="from_json", help="re-render from a results.json")
+    p.add_argument("--history", metavar="RESULTS_JSON", help="print the verdict history of a committed reference "
+                   "report (each git version of it) as a Markdown table, e.g. reports/cpu-full/results.json")
     p.add_argument("--threads", type=int)
     p.set_defaults(func=cmd_report)

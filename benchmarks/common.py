@@ -16,6 +16,10 @@ __all__ = ["context", "cpu_name", "matmul_peak_flops", "memory_bandwidth", "roun
            "timed_call", "write_json"]
 
 
+RESULTS = Path(__file__).resolve().parent / "results"  # reference results: clean tree, named commit
+NOT_REFERENCE = "not-reference"  # beside them: runs that cannot be references, kept for their figures
+
+
 def rerun_limited_to_avx2() -> None:
     """Re-run this script in a new process held to AVX2 (attnlab.runtime.AVX2_ONLY_ENV: an AVX2-only machine
     emulated here; torch reads it at import, so this process cannot change). Returns only in a process that
@@ -91,10 +95,19 @@ def round_order(names: list, r: int) -> list:
 
 
 def write_json(path: str | Path, data: dict) -> Path:
+    """Write a benchmark's results. A run that cannot be a reference (a dirty tree, no commit) says so in its JSON
+    (``reference``) and, when aimed at benchmarks/results/, lands in its not-reference/ folder instead: only a
+    clean tree at a named commit can be rerun to check a figure."""
+    from attnlab.report import reference_status
+
     if isinstance(data.get("context"), dict):  # whether attnlab's compiled kernels ran is known only by now
         from attnlab import kernels
         data["context"]["attnlab_kernels"] = kernels.status()
+        data["reference"] = reference_status(data["context"])
     path = Path(path)
+    if data.get("reference", {}).get("usable") is False and path.parent.resolve() == RESULTS.resolve():
+        path = RESULTS / NOT_REFERENCE / path.name
+        print(f"not a reference run ({data['reference']['why']}): writing {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path

@@ -258,23 +258,7 @@ def main() -> None:
         t = out["trained"] = trained_section(args)
         print(json.dumps(t.get("summary", t), indent=1))
         print("targets:", t.get("targets"))
-    _keep_skipped_sections(args.out, out)
     write_json(args.out, out)
-
-
-def _keep_skipped_sections(path: str, out: dict) -> None:
-    """A run that skips a section keeps that section from the file's previous run, marked with its date."""
-    old_path = Path(path)
-    if not old_path.exists():
-        return
-    try:
-        old = json.loads(old_path.read_text())
-    except json.JSONDecodeError:
-        return
-    for key in ("gpt2_small", "calibration", "trained"):
-        if key not in out and key in old:
-            out[key] = old[key]
-            out.setdefault("sections_from_earlier_run", {})[key] = old.get("context", {}).get("date", "unknown")
 
 
 if __name__ == "__main__":
