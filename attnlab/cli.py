@@ -211,9 +211,30 @@ def cmd_serve(args) -> int:
     warn_if_emulated("serve", args.dtype)
     cfg = ServeConfig(host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
                       kv_blocks=args.kv_blocks, prefill_chunk=args.prefill_chunk or None,
-                      prefill_budget=args.prefill_budget, api_key=args.api_key,
+                      prefill_budget=args.prefill_budget, api_key=_api_key(args),
+                      allow_origins=tuple(args.allow_origin), insecure=args.insecure,
+                      request_timeout_s=args.request_timeout,
                       max_tokens_cap=args.max_tokens_cap, drain_s=args.drain_s, model_name=args.model_name)
     return serve(args.checkpoint, cfg, args.dtype, args.log_level)
+
+
+def _api_key(args) -> str | None:
+    """The server's API key: --api-key-file, else ATTNLAB_API_KEY, else --api-key (visible to anyone running
+    ``ps``, so the other two are preferred)."""
+    from attnlab.runtime import env_api_key
+
+    given = [n for n, v in (("--api-key-file", args.api_key_file), ("--api-key", args.api_key)) if v]
+    if len(given) > 1:
+        raise AttnlabError("give --api-key-file or --api-key, not both")
+    if args.api_key_file:
+        try:
+            key = Path(args.api_key_file).read_text().strip()
+        except OSError as e:
+            raise AttnlabError(f"--api-key-file {args.api_key_file}: cannot read it ({e.strerror})") from None
+        if not key:
+            raise AttnlabError(f"--api-key-file {args.api_key_file} is empty; write the key on its first line")
+        return key
+    return args.api_key or env_api_key()
 
 
 def describe(cfg) -> dict:
@@ -389,7 +410,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-budget", type=int,
                    help="prompt tokens per step across all prompts, so a burst of new prompts does not stall them "
                         "either (default: no cap; costs throughput)")
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 and /api")
+    p.add_argument("--api-key-file", help="require 'Authorization: Bearer KEY' on /v1 and /api, KEY read from this "
+                   "file (or set ATTNLAB_API_KEY)")
+    p.add_argument("--api-key", help="the key on the command line (visible in `ps`: prefer --api-key-file)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web origin (e.g. http://localhost:3000) allowed to call the API from a browser, besides "
+                        "the server's own page; repeatable")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow binding a non-loopback --host without an API key")
+    p.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds a request may run before it is ended with 408 (default 600)")
     p.add_argument("--max-tokens-cap", type=int, default=4096, help="largest max_tokens a request may ask for")
     p.add_argument("--drain-s", type=float, default=30.0, help="on SIGTERM, seconds running requests may finish")
     p.add_argument("--model-name", help="the model's name in the API (default: the folder's name)")

@@ -230,6 +230,11 @@ def host_speed(n: int = 1024, repeats: int = 9) -> dict:
             "n": n, "threads": torch.get_num_threads()}
 
 
+def env_api_key() -> str | None:
+    """The server's API key from the environment (ATTNLAB_API_KEY), so it need not appear on a command line."""
+    return os.environ.get("ATTNLAB_API_KEY") or None
+
+
 def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | torch.device = "cpu") -> dict:
     """What every results and benchmark JSON records about where it ran (MEASURING.md, 'Record the context')."""
     device = torch.device(device)
@@ -247,5 +252,5 @@ def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | 
 
 
 __all__ = ["AVX2_ONLY_ENV", "CpuCapabilities", "DEVICES", "DTYPES", "EmulatedDtypeWarning", "check_dtype",
-           "code_version", "cpu_capabilities", "cpu_name", "fast_dtypes", "host_speed", "machine_context", "native_bf16",
+           "code_version", "cpu_capabilities", "cpu_name", "env_api_key", "fast_dtypes", "host_speed", "machine_context", "native_bf16",
            "parse_cpuinfo", "resolve_device", "set_threads", "synchronize"]

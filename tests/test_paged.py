@@ -77,6 +77,40 @@ def test_prefix_blocks_are_shared_and_skip_prefill():
     assert [s.tokens for s in seqs] == alone
 
 
+def test_the_prefix_cache_is_shared_only_under_the_same_salt():
+    """A tenant's cached prompt is invisible to another salt: no block shared, nothing reported as cached; the same
+    salt shares it. Outputs are unchanged either way."""
+    model = _model()
+    pool = model.new_pool(n_blocks=64, block_size=4)
+    sched = Scheduler(model, pool=pool)
+    prompt = list(range(1, 23))
+    first = sched.submit(Sequence(prompt, 3, cache_salt="tenant-a"))
+    while sched.has_work:
+        sched.step()
+    other = sched.submit(Sequence(prompt, 3, cache_salt="tenant-b"))
+    same = sched.submit(Sequence(prompt, 3, cache_salt="tenant-a"))
+    unsalted = sched.submit(Sequence(prompt, 3))
+    while sched.has_work:
+        sched.step()
+    assert (other.cached_tokens, same.cached_tokens, unsalted.cached_tokens) == (0, 21, 0)
+    assert first.tokens == other.tokens == same.tokens == unsalted.tokens == generate(model, prompt, 3).tokens
+
+
+def test_block_keys_chain_cryptographically_and_a_match_checks_the_parent():
+    from attnlab.models.paged import block_key, root_key
+
+    a, b = root_key("x"), root_key("y")
+    assert a != b and len(a) == 16 and root_key("") == root_key()
+    k = block_key(a, (1, 2, 3, 4))
+    assert k != block_key(b, (1, 2, 3, 4)) and k != block_key(a, (1, 2, 3, 5)) and k == block_key(a, (1, 2, 3, 4))
+    pool = _model().new_pool(n_blocks=4, block_size=4)
+    blk = pool.allocate()
+    pool.register(blk, k, (1, 2, 3, 4), a)
+    assert pool.find(k, (1, 2, 3, 4), a) == blk
+    assert pool.find(k, (1, 2, 3, 4), b) is None  # the same key under another parent is no match
+    assert pool.find(k, (1, 2, 3, 5), a) is None
+
+
 def test_copy_on_write_keeps_the_other_sequence_intact():
     model = _model()
     pool = model.new_pool(n_blocks=32, block_size=4)
@@ -182,13 +216,13 @@ def test_a_pool_full_of_cached_prefixes_still_gives_a_sequence_a_run_of_blocks()
     """Once every free block holds a cached prefix (a long-lived server), a new sequence takes a run of them, read
     as a view, not the oldest blocks scattered over the pool, which would be gathered block by block at every
     layer of every step; its outputs are those of the contiguous cache."""
-    from attnlab.models.paged import block_key
+    from attnlab.models.paged import block_key, root_key
 
     model = _model()
     pool = model.new_pool(n_blocks=12, block_size=4)
     blocks = [pool.allocate() for _ in range(12)]
     for b in blocks:
-        pool.register(b, block_key(None, (100 + b,) * 4), (100 + b,) * 4, None)
+        pool.register(b, block_key(root_key(), (100 + b,) * 4), (100 + b,) * 4, root_key())
     for b in (5, 0, 9, 2, 7, 11, 3, 8, 1, 10, 4, 6):  # freed in scattered order: oldest-first is scattered
         pool.decref(b)
     assert pool.free_blocks == 12 and not pool._in_heap

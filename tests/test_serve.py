@@ -155,7 +155,7 @@ def test_chat_bad_input_and_errors_in_openai_shape(server):
     assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages")
     r = httpx.post(url, json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-    r = httpx.post(server.url + "/v1/completions", content=b"x" * (2 << 20))
+    r = httpx.post(server.url + "/v1/completions", content=b"x" * (2 << 20), headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
     r = httpx.get(server.url + "/v1/nothing")
     assert r.status_code == 404 and "error" in r.json()
@@ -198,6 +198,11 @@ def test_disconnect_frees_blocks_within_a_step(server):
             time.sleep(0.01)
     _idle(server, timeout_s=5)
     assert server.metric("attnlab_cancelled_requests_total") == before + 2
+    status = {}
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith('attnlab_requests_total{endpoint="/v1/completions"'):
+            status[line.split('status="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+    assert status.get("499", 0) >= 2  # both hang-ups, streaming and not, count as 499, not 200
 
 
 def test_overload_answers_429_at_once(folder):
@@ -236,7 +241,7 @@ def test_preemption_under_a_tiny_kv_pool_loses_nothing(folder):
         out = asyncio.run(together())
         assert [o["choices"][0]["text"] for o in out] == alone
         assert all(o["usage"]["completion_tokens"] == 120 for o in out)
-        assert s.metric("attnlab_preemptions") > 0
+        assert s.metric("attnlab_preemptions_total") > 0
         _idle(s)
         r = httpx.post(s.url + "/v1/completions", json={"prompt": [1] * 200, "max_tokens": 100})
         assert r.status_code == 400 and r.json()["error"]["code"] == "kv_capacity"

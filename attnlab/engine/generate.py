@@ -179,7 +179,11 @@ def _generate_recomputing(model, prompts, max_new_tokens, params, stop_tokens, s
 
 def finish_output(seqs: list[Seq], stamps: list[float], tokenizer, state_bytes: int, use_cache: bool,
                   t0: float | None = None) -> GenerationOutput:
-    """Completions and timings of finished sequences. TTFT: until every sequence's first token existed."""
+    """Completions and timings of finished sequences. TTFT: until every sequence's first token existed. A
+    sequence that ended in a fault of its own (non-finite logits, sampling) is an error for the caller."""
+    failed = [s for s in seqs if s.finish_reason == "error"]
+    if failed:
+        raise AttnlabError(f"generation failed: {failed[0].error}")
     comps = []
     for s in seqs:
         text = None

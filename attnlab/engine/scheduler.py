@@ -13,12 +13,18 @@ batch, whose state holds one row per sequence at its own position. ``step()`` do
   3. decode: one forward over every running sequence's newest token, T = 1 (with a proposer, the token
      plus up to k drafts, T = k+1: speculative verification); each row samples its next token(s).
 
+Faults stay with their owners: a fault that belongs to one sequence (non-finite logits, a sampling or stop
+error) ends that sequence alone, ``finish_reason == "error"`` with ``error`` saying why, and the rest of the
+batch goes on; a fault in a forward ends the sequences in that forward the same way and frees their rows and
+blocks, so no sequence is left in any queue and the next step starts clean.
+
 Prefill and decode are separate forwards because their shapes differ (hundreds of tokens in a few rows,
 against one token in many rows); each is one batched call. ``generate``, the streaming ``Engine``, prefix
 reuse and speculative decoding all run on this step; the server drives it too.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,6 +34,14 @@ import torch
 from attnlab.engine.sampling import SamplingParams, sample
 from attnlab.engine.stops import StopChecker
 from attnlab.models.paged import OutOfBlocks
+
+
+class SequenceFault(Exception):
+    """A fault that belongs to one sequence; its message is safe to show that sequence's client."""
+
+
+def _non_finite():
+    raise SequenceFault("the model produced non-finite logits for this sequence; it was ended")
 
 
 @dataclass
@@ -42,7 +56,8 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # generated
     logprobs: list[float] = field(default_factory=list)
     stamps_s: list[float] = field(default_factory=list)  # since submission, when each token existed
-    finish_reason: str | None = None  # "stop", "length" or "cancelled"
+    finish_reason: str | None = None  # "stop", "length", "cancelled" or "error"
+    error: str | None = None  # with "error": what went wrong, in words a client may see
     cached_tokens: int = 0  # prompt tokens whose keys/values came from a cache instead of a prefill
     fed: int = 0  # prompt tokens fed to the model so far (prefill progress)
     proposed: int = 0  # speculative decoding: draft tokens proposed and accepted
@@ -52,6 +67,7 @@ class Sequence:
     submitted: float = 0.0
     gen: torch.Generator | None = None
     preemptions: int = 0
+    cache_salt: str = ""  # prefix caching: only sequences with the same salt share cached blocks (tenants)
     top_logprobs: int = 0  # alternatives to report per token (the server's logprobs option)
     tops: list = field(default_factory=list)  # per token: [(token, logprob)] of the top_logprobs most likely
 
@@ -71,7 +87,8 @@ class Sequence:
 
 @dataclass
 class Event:
-    """A token that now exists: the sequence, the token, its logprob, and whether the sequence ended."""
+    """A token that now exists: the sequence, the token, its logprob, and whether the sequence ended. A sequence
+    that ends with no new token (cancelled, or failed: ``seq.error``) gets one last event with ``token == -1``."""
 
     seq: Sequence
     token: int
@@ -84,11 +101,12 @@ class Scheduler:
     def __init__(self, model, *, max_len: int | None = None, max_batch: int | None = None,
                  prefill_chunk: int | None = None, prefill_budget: int | None = None, cache_dtype=None, pool=None,
                  paged: bool = False,
-                 proposer=None, keep_finished: bool = False):
+                 proposer=None, keep_finished: bool = False, raise_faults: bool = True):
         """``pool``: a BlockPool shared by every sequence (paged KV cache with prefix caching); ``paged``
         without one makes a pool sized for max_batch sequences of max_len. ``proposer``: drafts for
         speculative decoding. ``keep_finished``: a finished sequence keeps its state row (prefix reuse for
-        states that cannot be shared by block)."""
+        states that cannot be shared by block). ``raise_faults``: a failed forward raises to the caller after its
+        sequences are cleaned up (a library call); False turns it into their final events (a server)."""
         self.model = model
         cfg = model.cfg
         self.max_len = max_len or cfg.max_seq_len
@@ -97,6 +115,7 @@ class Scheduler:
         self.prefill_budget = prefill_budget
         self.proposer = proposer
         self.keep_finished = keep_finished
+        self.raise_faults = raise_faults
         self.device = next(model.parameters()).device
         attention_kv = cfg.family == "transformer" and cfg.kernel != "sliding"
         if paged and pool is None and attention_kv:
@@ -110,6 +129,10 @@ class Scheduler:
         self.state = self._new_state()
         self._next_id = 0
         self.preemptions = 0  # since creation (the server's metrics)
+        self.step_errors = 0  # forwards that failed (their sequences ended with an error)
+        self.seq_errors = 0  # sequences ended alone by a fault of their own (non-finite logits, sampling)
+        self.last_error: str | None = None
+        self.admit_failures: list[Event] = []  # final events of sequences that failed to be admitted this step
 
     def _new_state(self):
         if self.pool is not None:
@@ -124,17 +147,28 @@ class Scheduler:
         self.waiting.append(seq)
         return seq
 
-    def cancel(self, seq: Sequence) -> None:
-        """Stop a sequence wherever it is; its state row (and blocks) are freed at once."""
-        if seq.done:
-            return
-        seq.finish_reason = "cancelled"
+    def cancel(self, seq: Sequence, reason: str = "cancelled", error: str | None = None) -> bool:
+        """Stop a sequence wherever it is; its state row (and blocks) are freed at once. A sequence that already
+        finished keeps its finish reason, but is still taken out of any queue it is in. True if it was in one."""
+        if not seq.done:
+            seq.finish_reason, seq.error = reason, error
         if seq in self.waiting:
             self.waiting.remove(seq)
         elif seq in self.prefilling:
             self._drop(self.prefilling, self.prefill_state, seq, keep=False)
         elif seq in self.running:
             self._drop(self.running, self.state, seq, keep=False)
+        else:
+            return False
+        return True
+
+    def fail(self, seqs, error: str) -> list[Event]:
+        """End ``seqs`` with ``error``: out of every queue, their rows and blocks freed; one final event each."""
+        events = []
+        for seq in list(seqs):
+            if self.cancel(seq, "error", error) or seq.finish_reason == "error":
+                events.append(Event(seq, -1, 0.0, True))
+        return events
 
     @property
     def has_work(self) -> bool:
@@ -148,33 +182,72 @@ class Scheduler:
         events: list[Event] = []
         with torch.inference_mode():
             self._admit()
+            events, self.admit_failures = self.admit_failures, []
             if self.prefilling:
-                events += self._prefill()
+                events += self._guarded(self._prefill, self.prefilling, "prefill")
             if self.running and decode:
-                events += self._decode()
+                events += self._guarded(self._decode, self.running, "decode")
         return events
+
+    def _guarded(self, phase, group: list[Sequence], name: str) -> list[Event]:
+        """Run a phase; if its forward raises, the sequences in it end with the error and nothing is left behind
+        (their rows freed, the state's pending forward abandoned)."""
+        try:
+            return phase()
+        except Exception as e:  # noqa: BLE001 - any fault in a forward is confined to the sequences in it
+            too_long = isinstance(e, OutOfBlocks)  # one sequence larger than the whole pool: its own fault
+            if not too_long:
+                self.step_errors += 1
+                self.last_error = f"{name} forward failed: {type(e).__name__}: {e}"
+            # Freeing every row of the failed forward also drops the blocks it had begun to write.
+            events = self.fail(group, str(e) if too_long else
+                               f"the engine's {name} step failed ({type(e).__name__}); the request was ended")
+            if self.raise_faults:
+                raise
+            return events
 
     def _admit(self) -> None:
         while self.waiting and len(self.prefilling) + len(self.running) < self.max_batch:
             if self.prefill_budget and self._pending_prefill() >= self.prefill_budget:
                 break  # this step's prefill budget is spoken for: admit at a later step
             seq = self.waiting[0]
-            if seq.state is not None:  # a caller-supplied state holding the prompt's first tokens
-                given, seq.state = seq.state, None
-                seq.fed = seq.cached_tokens = int(given.pos[0])
-                self.prefill_state.extend(given)  # (a paged state hands its rows over and is left empty)
-            elif self.pool is not None:
-                if self.prefilling or self.running:  # wait for blocks rather than fail (an idle pool tries anyway)
-                    # keep a block of headroom per running sequence, so that admitting does not starve decoding
-                    room = self.pool.free_blocks - self._reserved_blocks() - len(self.running)
-                    if room < self._blocks_for(seq.context):
-                        break
-                row = self.prefill_state.add_sequence(seq.context)
-                seq.fed = seq.cached_tokens = int(self.prefill_state.pos[row])
-            else:
-                self.prefill_state.add_sequence()
+            rows = self.prefill_state.batch_size
+            try:
+                if not self._admit_one(seq):
+                    break
+            except Exception as e:  # noqa: BLE001 - a sequence that cannot be admitted ends alone
+                if self.prefill_state.batch_size > rows:  # a row was begun for it: give its blocks back
+                    self.prefill_state.release(self.prefill_state.batch_size - 1)
+                self.waiting.popleft()
+                if self.raise_faults:
+                    seq.finish_reason, seq.error = "error", str(e)
+                    raise
+                self.seq_errors += 1
+                seq.finish_reason, seq.error = "error", f"the request could not be admitted ({type(e).__name__})"
+                self.admit_failures.append(Event(seq, -1, 0.0, True))
+                continue
             self.waiting.popleft()
             self.prefilling.append(seq)
+
+    def _admit_one(self, seq: Sequence) -> bool:
+        """Give seq a row in the prefill state (taking its cached prefix); False: no room yet, try a later step."""
+        if seq.state is not None:  # a caller-supplied state holding the prompt's first tokens
+            given, seq.state = seq.state, None
+            seq.fed = seq.cached_tokens = int(given.pos[0])
+            self.prefill_state.extend(given)  # (a paged state hands its rows over and is left empty)
+        elif self.pool is not None:
+            if self.prefilling or self.running:  # wait for blocks rather than fail (an idle pool tries anyway)
+                # keep a block of headroom per running sequence, so that admitting does not starve decoding
+                room = self.pool.free_blocks - self._reserved_blocks() - len(self.running)
+                if room < self._blocks_for(seq.context):
+                    return False
+            row = self.prefill_state.add_sequence(seq.context, salt=seq.cache_salt)
+            seq.fed = int(self.prefill_state.pos[row])
+            if not seq.tokens:  # a resumed sequence's cache hit covers its own output too: not prompt tokens
+                seq.cached_tokens = min(seq.fed, len(seq.prompt))
+        else:
+            self.prefill_state.add_sequence()
+        return True
 
     def _pending_prefill(self) -> int:
         """Prompt tokens the sequences being prefilled would feed this step (each at most a chunk)."""
@@ -209,7 +282,7 @@ class Scheduler:
             seq.fed += len(pieces[r])
             if seq.fed == len(seq.context):
                 if not seq.tokens:  # a resumed sequence already has its newest token: decode feeds it
-                    events += self._emit(seq, [logits[r, -1]], 1)
+                    events += self._own(seq, lambda: self._emit(seq, [logits[r, -1]], 1))
                 done_rows.append(r)
         if done_rows:
             joined = [self.prefilling[r] for r in done_rows]
@@ -246,22 +319,27 @@ class Scheduler:
         if plain:  # greedy rows with nothing to verify: one argmax and one log-softmax for all of them
             order = sorted(plain)
             rows = logits[order, 0].float()  # (b, V)
+            finite = torch.isfinite(rows).all(-1).tolist()
             ids = rows.argmax(-1)
             lps = (rows.gather(1, ids[:, None])[:, 0] - torch.logsumexp(rows, -1)).tolist()
-            for r, tok, lp in zip(order, ids.tolist(), lps):
-                events += self._append(seqs[r], [(tok, lp)])
+            for r, tok, lp, ok in zip(order, ids.tolist(), lps, finite):
+                events += self._own(seqs[r], (lambda r=r, tok=tok, lp=lp: self._append(seqs[r], [(tok, lp)]))
+                                    if ok else _non_finite)
         for r, seq in enumerate(seqs):
             n = len(drafts[r])
             rows = logits[r, :n + 1]
             if n == 0:
                 if r not in plain:
-                    events += self._emit(seq, [rows[0]], 1)
+                    events += self._own(seq, lambda: self._emit(seq, [rows[0]], 1))
                 continue
-            accepted = self.proposer.verify(seq, drafts[r], None if dists is None else dists[r], rows)
-            seq.rounds += 1
-            seq.proposed += n
-            seq.accepted += len(accepted) - 1
-            events += self._emit(seq, None, len(accepted), chosen=accepted, rows=rows)
+
+            def verified(seq=seq, r=r, n=n, rows=rows):
+                accepted = self.proposer.verify(seq, drafts[r], None if dists is None else dists[r], rows)
+                seq.rounds += 1
+                seq.proposed += n
+                seq.accepted += len(accepted) - 1
+                return self._emit(seq, None, len(accepted), chosen=accepted, rows=rows)
+            events += self._own(seq, verified)
         # Rows that rejected drafts forget them: the cache keeps the text but its newest token.
         if T > 1:
             self.state.rollback([len(s.text) - 1 for s in seqs])
@@ -270,8 +348,22 @@ class Scheduler:
         self._retire(events)
         return events
 
+    def _own(self, seq: Sequence, work) -> list[Event]:
+        """``work()`` for one sequence; a fault of its own (non-finite logits, a sampling or stop-matching error)
+        marks it failed, and ``_retire`` then frees its row, while the batch goes on."""
+        try:
+            return work()
+        except Exception as e:  # noqa: BLE001 - confined to this sequence
+            self.seq_errors += 1
+            seq.finish_reason = "error"
+            seq.error = str(e) if isinstance(e, SequenceFault) else f"{type(e).__name__} while choosing a token"
+            return [Event(seq, -1, 0.0, True)]
+
     def _emit(self, seq: Sequence, logit_rows, n: int, chosen=None, rows=None) -> list[Event]:
         """Append n tokens to seq (sampled from logit_rows, or the verified `chosen` (token, row) pairs)."""
+        for row in (logit_rows if chosen is None else [rows]):
+            if not bool(torch.isfinite(row).all()):
+                _non_finite()
         if chosen is None:
             ids, lps = self._sample(seq, torch.stack(logit_rows))
             chosen = [(int(ids[0]), 0)]
@@ -310,12 +402,19 @@ class Scheduler:
         seen = None
         if seq.params.repetition_penalty != 1.0:
             seen = torch.tensor([seq.text], device=logits.device)
-        return sample(logits, seq.params, seq.gen, seen)
+        try:
+            ids, lps = sample(logits, seq.params, seq.gen, seen)
+        except RuntimeError:  # torch.multinomial refuses probabilities that are inf, NaN or all zero
+            lps = torch.tensor([math.nan])
+        if not bool(torch.isfinite(lps).all()):
+            raise SequenceFault("the sampling settings made this sequence's token probabilities non-finite "
+                                "(an extreme repetition_penalty or temperature?)")
+        return ids, lps
 
     def _retire(self, events: list[Event]) -> None:
         for e in events:
             if e.finished and e.seq in self.running:
-                self._drop(self.running, self.state, e.seq, keep=self.keep_finished)
+                self._drop(self.running, self.state, e.seq, keep=self.keep_finished and e.seq.error is None)
 
     def _drop(self, group: list[Sequence], state, seq: Sequence, keep: bool) -> None:
         row = group.index(seq)

@@ -6,8 +6,12 @@ layer's keys live in one pool of ``n_blocks`` blocks of ``block_size`` tokens; s
 listed in its table, so it holds ceil(pos[b] / block_size) blocks, never more. A finished sequence's blocks go
 back to the free list and the next sequence reuses them.
 
-Prefix sharing: a full block is keyed by a hash of its token ids chained with the previous block's key, so a
-key names the whole prefix up to the block's end. Blocks are reference-counted; a new sequence whose prompt
+Prefix sharing: a full block is keyed by a cryptographic hash (BLAKE2b) of its token ids chained with the
+previous block's key, so a key names the whole prefix up to the block's end; a match is checked against the
+block's tokens and its parent key, so no chosen input can alias another prefix (the class of vLLM's
+CVE-2025-25183, where Python's ``hash()`` keys could be made to collide). The chain starts at a root key derived
+from a salt: sequences with different salts (tenants, a request's ``cache_salt``) never share a block, so one
+client cannot learn another's prompt from which of its guesses come back cached. Blocks are reference-counted; a new sequence whose prompt
 starts with cached blocks takes them (no prefill for those tokens). Where its prompt diverges inside a cached
 block, the block is copied and the matching part reused (copy on divergence); a write into a block that
 other sequences share copies it first (copy on write). A freed block keeps its key until it is reallocated,
@@ -16,7 +20,9 @@ sequence's last, partly filled block is kept the same way, so a chat's next turn
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
+from array import array
 from collections import OrderedDict
 
 import torch
@@ -43,11 +49,11 @@ class BlockPool:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.ref = [0] * n_blocks
-        self.key: list[int | None] = [None] * n_blocks  # prefix key of a full, registered block
+        self.key: list[bytes | None] = [None] * n_blocks  # prefix key of a full, registered block
         self.tokens: list[tuple | None] = [None] * n_blocks  # its token ids (a key hit is checked against them)
-        self.by_key: dict[int, int] = {}
-        self.children: dict[int | None, set[int]] = {}  # prefix key -> registered blocks that continue it
-        self.parent: list[int | None] = [None] * n_blocks
+        self.by_key: dict[bytes, int] = {}
+        self.children: dict[bytes, set[int]] = {}  # prefix key -> registered blocks that continue it
+        self.parent: list[bytes | None] = [None] * n_blocks
         self._clean = list(range(n_blocks))  # free, no key: a min-heap (lazy: see _in_heap)
         self._in_heap = set(self._clean)  # the free blocks without a key
         self._cached: OrderedDict[int, None] = OrderedDict()  # free but keyed: evicted oldest first
@@ -161,16 +167,17 @@ class BlockPool:
                     del self.children[self.parent[b]]
         self.key[b] = self.tokens[b] = self.parent[b] = None
 
-    def register(self, b: int, key: int, tokens: tuple, parent: int | None) -> None:
+    def register(self, b: int, key: bytes, tokens: tuple, parent: bytes) -> None:
         if key in self.by_key or self.key[b] is not None:
             return  # an identical block is already cached (this one stays private), or this one is keyed
         self.key[b], self.tokens[b], self.parent[b] = key, tokens, parent
         self.by_key[key] = b
         self.children.setdefault(parent, set()).add(b)
 
-    def find(self, key: int, tokens: tuple) -> int | None:
+    def find(self, key: bytes, tokens: tuple, parent: bytes) -> int | None:
+        """The cached block continuing ``parent`` with exactly ``tokens`` (the chain is checked, not only the key)."""
         b = self.by_key.get(key)
-        return b if b is not None and self.tokens[b] == tokens else None
+        return b if b is not None and self.tokens[b] == tokens and self.parent[b] == parent else None
 
     def copy_block(self, src: int, dst: int, n: int | None = None) -> None:
         bs = self.block_size
@@ -179,9 +186,14 @@ class BlockPool:
             t[:, dst * bs:dst * bs + n] = t[:, src * bs:src * bs + n]
 
 
-def block_key(parent: int | None, tokens: tuple) -> int:
-    """The key of a full block: its tokens chained with the key of everything before it."""
-    return hash((parent, tokens))
+def root_key(salt: str = "") -> bytes:
+    """Where a sequence's chain of block keys starts: sequences share cached blocks only under the same salt."""
+    return hashlib.blake2b(b"attnlab-prefix-root\0" + salt.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def block_key(parent: bytes, tokens: tuple) -> bytes:
+    """The key of a block: its tokens chained with the key of everything before it (the parent's key)."""
+    return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=16).digest()
 
 
 class PagedKVCache(Rows):
@@ -192,7 +204,8 @@ class PagedKVCache(Rows):
         self.pos = torch.zeros(0, dtype=torch.long)
         self.tables: list[list[int]] = []
         self.history: list[list[int]] = []  # token ids consumed per row (block keys are computed from them)
-        self.keys: list[list[int]] = []  # per row: keys of its full blocks, in order
+        self.keys: list[list[bytes]] = []  # per row: keys of its full blocks, in order
+        self.roots: list[bytes] = []  # per row: the salted key its chain starts from
         self._lengths, self._T = None, 0
 
     @property
@@ -213,13 +226,13 @@ class PagedKVCache(Rows):
         return self.nbytes
 
     # -- sequences ---------------------------------------------------------------------------------------
-    def add_sequence(self, prompt: list[int] | None = None) -> int:
-        """A new row; with a prompt, its longest cached prefix is taken from the pool (pos says how much).
-
-        At least the prompt's last token is left to run, since its logits are what the caller needs."""
+    def add_sequence(self, prompt: list[int] | None = None, salt: str = "") -> int:
+        """A new row; with a prompt, its longest cached prefix under ``salt`` is taken from the pool (pos says how
+        much). At least the prompt's last token is left to run, since its logits are what the caller needs."""
         self.tables.append([])
         self.history.append([])
         self.keys.append([])
+        self.roots.append(root_key(salt))
         self.pos = torch.cat([self.pos, torch.zeros(1, dtype=torch.long)])
         row = self.batch_size - 1
         if prompt:
@@ -228,12 +241,12 @@ class PagedKVCache(Rows):
 
     def _reuse_prefix(self, row: int, prompt: list[int]) -> None:
         pool, bs = self.pool, self.block_size
-        parent, n = None, 0
+        parent, n = self.roots[row], 0
         while n + bs <= len(prompt):  # whole blocks, by key
             chunk = tuple(prompt[n:n + bs])
             key = block_key(parent, chunk)
             pool.lookups += 1
-            b = pool.find(key, chunk)
+            b = pool.find(key, chunk, parent)
             if b is None:
                 break
             pool.hits += 1
@@ -273,7 +286,7 @@ class PagedKVCache(Rows):
         if p % bs and len(table) > p // bs and self.pool.ref[table[p // bs]] == 1:
             keys = self.keys[row][:p // bs]
             tail = tuple(self.history[row][p - p % bs:p])
-            parent = keys[-1] if keys else None
+            parent = keys[-1] if keys else self.roots[row]
             self.pool.register(table[p // bs], block_key(parent, tail), tail, parent)
         for b in table:
             self.pool.decref(b)
@@ -285,6 +298,7 @@ class PagedKVCache(Rows):
         self.tables = [self.tables[r] for r in keep]
         self.history = [self.history[r] for r in keep]
         self.keys = [self.keys[r] for r in keep]
+        self.roots = [self.roots[r] for r in keep]
         self.pos = self.pos[keep]
 
     def take(self, rows) -> "PagedKVCache":
@@ -293,6 +307,7 @@ class PagedKVCache(Rows):
         out.tables = [self.tables[r] for r in rows]
         out.history = [self.history[r] for r in rows]
         out.keys = [self.keys[r] for r in rows]
+        out.roots = [self.roots[r] for r in rows]
         out.pos = self.pos[rows].clone()
         self._drop(rows)
         return out
@@ -303,8 +318,9 @@ class PagedKVCache(Rows):
         self.tables += other.tables
         self.history += other.history
         self.keys += other.keys
+        self.roots += other.roots
         self.pos = torch.cat([self.pos, other.pos])
-        other.tables, other.history, other.keys, other.pos = [], [], [], other.pos[:0]
+        other.tables, other.history, other.keys, other.roots, other.pos = [], [], [], [], other.pos[:0]
 
     def rollback(self, pos) -> None:
         new = as_positions(pos, self.batch_size)
@@ -432,7 +448,8 @@ class PagedKVCache(Rows):
             while (len(keys) + 1) * bs <= len(hist):  # newly full blocks get their prefix key
                 i = len(keys)
                 chunk = tuple(hist[i * bs:(i + 1) * bs])
-                key = block_key(keys[-1] if keys else None, chunk)
+                parent = keys[-1] if keys else self.roots[r]
+                key = block_key(parent, chunk)
                 keys.append(key)
-                pool.register(self.tables[r][i], key, chunk, keys[-2] if len(keys) > 1 else None)
+                pool.register(self.tables[r][i], key, chunk, parent)
         self._pending = []

@@ -1,13 +1,23 @@
 """The HTTP API: OpenAI-compatible completions and chat, models, health, metrics, and the live page.
 
 Every request body is read by hand (size limit, UTF-8, JSON) and checked strictly before any compute; a bad
-one gets 400 (413 when too large) in OpenAI's error shape and touches nothing shared. With ``--api-key``
-every /v1 and /api route needs ``Authorization: Bearer KEY``, compared in constant time.
+one gets 400 (413 when too large) in OpenAI's error shape and touches nothing shared; anything unexpected is a
+500 in the same shape, with a request id that the log repeats. With an API key every /v1 and /api route needs
+``Authorization: Bearer KEY``, compared in constant time.
+
+Browser-safe defaults (as Ollama's origin allowlist and Jupyter's checks): any web page can make a browser
+send a ``text/plain`` POST to 127.0.0.1 without a CORS preflight, so a POST body must be ``application/json``
+(415 otherwise) and a request whose ``Origin`` is neither this server's own nor on ``--allow-origin`` is
+refused (403). The prefix cache is salted per API key and per request ``cache_salt``, so one tenant cannot
+probe another's prompts through ``cached_tokens``.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
+import ipaddress
+import logging
 import secrets
 import threading
 import time
@@ -26,6 +36,16 @@ from attnlab.serve.protocol import ApiError, ChatRequest, CompletionRequest, par
 from attnlab.serve.worker import Worker
 
 STATIC = Path(__file__).parent / "static"
+log = logging.getLogger("attnlab.serve")
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -39,6 +59,9 @@ class ServeConfig:
     prefill_chunk: int | None = 256  # prompt tokens a prompt feeds per step; None: a whole prompt in one step
     prefill_budget: int | None = None  # prompt tokens per step across prompts; None: no cap
     api_key: str | None = None
+    allow_origins: tuple[str, ...] = ()  # browser origins besides the server's own that may call it
+    insecure: bool = False  # bind a non-loopback address without an API key anyway
+    request_timeout_s: float = 600.0  # a request still running after this long is ended (408)
     max_tokens_cap: int = 4096
     max_body_bytes: int = 1 << 20
     drain_s: float = 30.0
@@ -61,6 +84,18 @@ class ServeConfig:
             raise ConfigError(f"--port {self.port} must be in 0..65535")
         if self.drain_s < 0:
             raise ConfigError(f"--drain-s {self.drain_s} must be >= 0")
+        if not self.request_timeout_s > 0:
+            raise ConfigError(f"--request-timeout {self.request_timeout_s} must be > 0 seconds")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("the API key is empty; give a key, or none for an open loopback server")
+        if not is_loopback(self.host) and self.api_key is None and not self.insecure:
+            raise ConfigError(f"--host {self.host} is reachable from other machines, and no API key is set: anyone "
+                              "who can reach it could run the model. Give --api-key-file FILE (or ATTNLAB_API_KEY), "
+                              "or pass --insecure to serve without a key anyway")
+        bad = [o for o in self.allow_origins if not o.startswith(("http://", "https://")) or o.endswith("/")]
+        if bad:
+            raise ConfigError(f"--allow-origin {bad[0]!r} must be an origin such as http://localhost:3000 "
+                              "(scheme and host, no path or trailing slash)")
 
 
 class _DisconnectAware(StreamingResponse):
@@ -101,6 +136,38 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
     context = None if model_cfg.is_recurrent else model_cfg.max_seq_len
 
     calibration_cancel = threading.Event()  # set at shutdown: stops a machine calibration still running
+
+    own_origins = lambda request: {f"{request.url.scheme}://{request.headers.get('host', '')}"}
+
+    @app.middleware("http")
+    async def browser_guard(request: Request, call_next):
+        """Refuse what a foreign web page could make a visitor's browser send (403, 415)."""
+        origin = request.headers.get("origin")
+        if origin is not None and origin not in own_origins(request) and origin not in cfg.allow_origins:
+            err = ApiError(403, f"requests from the web origin {origin!r} are not allowed; start the server with "
+                           f"--allow-origin {origin} to allow it", None, "origin_not_allowed", "permission_error")
+            return JSONResponse(err.body(), status_code=403)
+        if request.method == "POST":
+            kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind != "application/json":
+                err = ApiError(415, f"a POST body must be sent as 'Content-Type: application/json', not "
+                               f"{kind or 'none'!r}", None, "unsupported_media_type")
+                return JSONResponse(err.body(), status_code=415)
+        try:
+            return await call_next(request)
+        except Exception:  # noqa: BLE001 - the catch-all: a bug answers in OpenAI's shape, never plain text
+            rid = "req-" + secrets.token_hex(8)
+            log.exception("unexpected error in %s %s (%s)", request.method, request.url.path, rid)
+            err = ApiError(500, f"internal error while handling the request (request id {rid}); the server log "
+                           "has the details", None, "internal_error", "server_error")
+            metrics.requests.labels(request.url.path, "500").inc()
+            return JSONResponse(err.body(), status_code=500, headers={"X-Request-Id": rid})
+
+    def tenant_salt(request: Request, req) -> str:
+        """What keys this request's prefix cache: its API key's identity (a digest, never the key) and its salt."""
+        key = request.headers.get("authorization", "") if cfg.api_key is not None else ""
+        who = hashlib.blake2b(key.encode(), digest_size=8).hexdigest() if key else ""
+        return f"{who}|{req.cache_salt or ''}" if (who or req.cache_salt) else ""
 
     @app.on_event("startup")
     async def _start() -> None:
@@ -214,19 +281,21 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
         return served.tokenizer.encode(prompt)
 
     def finished(endpoint: str):
-        def record(run: C.Run) -> None:
+        def record(run: C.Run, gone: bool = False) -> None:
             run.cancel()  # a no-op for a finished run; frees an abandoned one
             if run.recorded:
                 return
             run.recorded = True
-            metrics.requests.labels(endpoint, "200").inc()
+            failure = run.failure()
+            status = "200" if failure is None else ("499" if gone or run.client_gone else str(failure.status))
+            metrics.requests.labels(endpoint, status).inc()
             metrics.prompt_tokens.inc(len(run.seq.prompt))
             metrics.generation_tokens.inc(len(run.seq.tokens))
             if run.first_s is not None:
                 metrics.ttft.observe(run.first_s)
             if len(run.seq.tokens) > 1 and run.last_s is not None:
                 metrics.tpot.observe((run.last_s - run.first_s) / (len(run.seq.tokens) - 1))
-            if run.seq.finish_reason not in ("stop", "length"):
+            if failure is not None:
                 metrics.cancelled.inc()
         return record
 
@@ -268,7 +337,8 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
                 max_tokens = limit_tokens(len(ids), req.limit, None)
                 stops = stops + [s for s in served.template.stop_strings if s not in stops]
                 top = (req.top_logprobs or 0) if req.logprobs else None
-            run = C.Run(request.app.state, ids, max_tokens, req, stops, top)
+            run = C.Run(request.app.state, ids, max_tokens, req, stops, top, tenant_salt(request, req),
+                        cfg.request_timeout_s)
         except ApiError as err:
             return error(err, endpoint)
         rid = ("cmpl-" if kind == "completion" else "chatcmpl-") + secrets.token_hex(12)
@@ -278,13 +348,13 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
             return _DisconnectAware(body, lambda: finished(endpoint)(run), media_type="text/event-stream",
                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         result = await run_to_end(request, run)
-        finished(endpoint)(run)
+        finished(endpoint)(run, gone=result is None)
         if result is None:  # the client is gone; nobody reads this
             return Response(status_code=499)
         text, events = result
-        if run.seq.finish_reason == "error":
-            return error(ApiError(500, "the engine failed while running this request; see the server log", None,
-                                  "engine_error", "server_error"), endpoint)
+        if run.failure() is not None:
+            err = run.failure()
+            return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
         if kind == "completion":
             choice = {"index": 0, "text": text, "finish_reason": run.finish_reason,
                       "logprobs": C.completion_logprobs(served.tokenizer, events, 0) if run.want_logprobs else None}
@@ -315,7 +385,10 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
 
     @app.get("/health")
     async def health():
-        status = 200 if worker.accepting and worker.thread.is_alive() else 503
+        if not worker.healthy:
+            return JSONResponse({"status": "unhealthy", "reason": "the engine thread is dead" if not
+                                 worker.thread.is_alive() else "the engine's recent steps all failed"}, status_code=503)
+        status = 200 if worker.accepting else 503
         return JSONResponse({"status": "ok" if status == 200 else "draining"}, status_code=status)
 
     @app.get("/metrics")

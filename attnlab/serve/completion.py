@@ -7,8 +7,10 @@ tokens (the decoder shows U+FFFD until it is complete) and any tail that could b
 even with empty text, so a client sees each token's arrival (the page's timeline needs it).
 
 The stream's contract: every chunk with a choice carries exactly one generated token, except chat's opening
-chunk (``delta.role`` only) and the closing chunk of a request that was cancelled or failed (no token, its
-``finish_reason`` set); then the usage chunk (``choices: []``) when asked for, and ``data: [DONE]``.
+chunk (``delta.role`` only); the last token's chunk carries ``finish_reason`` ("stop" or "length", OpenAI's
+values only); then the usage chunk (``choices: []``) when asked for, and ``data: [DONE]``. A request that
+fails, times out or is ended by a shutdown sends instead an error event in OpenAI's shape
+(``data: {"error": {...}}``) before ``data: [DONE]``, so a client never mistakes a cut answer for a whole one.
 """
 from __future__ import annotations
 
@@ -100,7 +102,8 @@ def token_text(tokenizer, token: int) -> str:
 class Run:
     """A submitted request: its sequence, the queue its events arrive on, and its timings."""
 
-    def __init__(self, app_state, ids: list[int], max_tokens: int, req, stops: list[str], top_logprobs: int | None):
+    def __init__(self, app_state, ids: list[int], max_tokens: int, req, stops: list[str], top_logprobs: int | None,
+                 cache_salt: str = "", deadline_s: float | None = None):
         served, self.worker = app_state.served, app_state.worker
         self.served = served
         self.arrived = time.perf_counter()
@@ -110,7 +113,9 @@ class Run:
                                 repetition_penalty=req.repetition_penalty, seed=seed)
         stop_tokens = [] if req.ignore_eos else served.stop_tokens
         stopper = StopChecker(stop_tokens, stops, served.tokenizer)
-        self.seq = Sequence(ids, max_tokens, params, stopper, top_logprobs=top_logprobs or 0)
+        self.seq = Sequence(ids, max_tokens, params, stopper, top_logprobs=top_logprobs or 0, cache_salt=cache_salt)
+        self.deadline = None if deadline_s is None else self.arrived + deadline_s
+        self.timed_out = False
         self.want_logprobs = top_logprobs is not None
         self.text = TextStream(served.tokenizer, stops)
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
@@ -118,6 +123,7 @@ class Run:
         self.last_s: float | None = None
         self.finished = False
         self.recorded = False  # its metrics are counted (once, however the request ends)
+        self.client_gone = False  # abandoned by its client before it finished (counted as 499)
         try:
             self.worker.submit(self.seq, asyncio.get_running_loop(), self.queue)
         except QueueFull:
@@ -128,8 +134,17 @@ class Run:
                            "server_error") from None
 
     async def next(self) -> tuple[Event, str]:
-        """The next token event and the text it makes safe to show."""
-        event = await self.queue.get()
+        """The next token event and the text it makes safe to show. Past the request's deadline the run is
+        cancelled and ends with a final event (``timed_out`` set)."""
+        if self.deadline is None:
+            event = await self.queue.get()
+        else:
+            try:
+                event = await asyncio.wait_for(self.queue.get(), max(0.0, self.deadline - time.perf_counter()))
+            except asyncio.TimeoutError:
+                self.timed_out = True
+                self.worker.cancel(self.seq)
+                event = Event(self.seq, -1, 0.0, True)
         now = time.perf_counter() - self.arrived
         if event.token >= 0:
             self.first_s = now if self.first_s is None else self.first_s
@@ -138,19 +153,39 @@ class Run:
         return event, self.text.push(event.token, event.finished)
 
     def cancel(self) -> None:
+        """The client no longer waits: free the sequence now (a no-op once it finished)."""
         if not self.finished:
+            self.client_gone = True
             self.worker.cancel(self.seq)
 
     @property
-    def finish_reason(self) -> str:
-        return self.seq.finish_reason or "cancelled"
+    def finish_reason(self) -> str | None:
+        """OpenAI's finish reason ("stop" or "length"), or None for a run that did not end on its own."""
+        return self.seq.finish_reason if self.seq.finish_reason in ("stop", "length") and not self.timed_out else None
+
+    def failure(self) -> ApiError | None:
+        """Why the run ended without finishing, as the error a client is sent; None when it finished."""
+        if self.finish_reason is not None:
+            return None
+        if self.timed_out:
+            return ApiError(408, f"the request ran past the server's deadline of {self.worker_deadline_text()}; ask "
+                            "for fewer tokens or raise the server's --request-timeout", None, "request_timeout",
+                            "timeout_error")
+        if self.seq.finish_reason == "error":
+            return ApiError(500, self.seq.error or "the engine failed while running this request", None,
+                            "engine_error", "server_error")
+        return ApiError(503, "the request was ended before it finished (the server is shutting down)", None,
+                        "cancelled", "server_error")
+
+    def worker_deadline_text(self) -> str:
+        return f"{self.deadline - self.arrived:.0f} s" if self.deadline is not None else "none"
 
     def usage(self) -> dict:
         n = len(self.seq.tokens)
         ttft = self.first_s or 0.0
         tpot = (self.last_s - self.first_s) / (n - 1) if n > 1 and self.first_s is not None else 0.0
         return {"prompt_tokens": len(self.seq.prompt), "completion_tokens": n, "total_tokens": len(self.seq.prompt) + n,
-                "prompt_tokens_details": {"cached_tokens": self.seq.cached_tokens},
+                "prompt_tokens_details": {"cached_tokens": min(self.seq.cached_tokens, len(self.seq.prompt))},
                 "ttft_s": round(ttft, 6), "tpot_s": round(tpot, 6)}
 
 
@@ -193,11 +228,23 @@ async def collect(run: Run) -> tuple[str, list[Event]]:
     return "".join(parts), events
 
 
+def sse_error(err: ApiError) -> bytes:
+    return sse(err.body())
+
+
 async def stream_completion(run: Run, rid: str, include_usage: bool, on_done):
     try:
         offset = 0
         while not run.finished:
             event, delta = await run.next()
+            if run.finished and run.failure() is not None:
+                if delta:  # text the last token made safe is still the client's
+                    yield sse({"id": rid, "object": "text_completion", "created": run.created,
+                               "model": run.served.name, "choices": [{"index": 0, "text": delta, "logprobs": None,
+                                                                      "finish_reason": None}]})
+                yield sse_error(run.failure())
+                yield b"data: [DONE]\n\n"
+                return
             choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": None}
             if run.want_logprobs and event.token >= 0:
                 choice["logprobs"] = completion_logprobs(run.served.tokenizer, [event], offset)
@@ -228,6 +275,13 @@ async def stream_chat(run: Run, rid: str, include_usage: bool, on_done):
         yield sse(first)
         while not run.finished:
             event, delta = await run.next()
+            if run.finished and run.failure() is not None:
+                if delta:
+                    yield sse({**base, "choices": [{"index": 0, "delta": {"content": delta}, "logprobs": None,
+                                                    "finish_reason": None}]})
+                yield sse_error(run.failure())
+                yield b"data: [DONE]\n\n"
+                return
             choice = {"index": 0, "delta": {"content": delta} if delta else {}, "logprobs": None,
                       "finish_reason": run.finish_reason if run.finished else None}
             if run.want_logprobs and event.token >= 0:

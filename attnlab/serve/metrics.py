@@ -6,6 +6,7 @@ prefix-cache hit rate) read the worker's live numbers when scraped.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 disable_created_metrics()  # the *_created series only double the scrape's size
 
@@ -33,8 +34,6 @@ class Metrics:
             "attnlab_running_sequences": ("sequences prefilling or decoding", lambda: worker.running),
             "attnlab_prefix_cache_hit_rate": ("prompt tokens served from the prefix cache / prompt tokens",
                                               lambda: worker.snapshot()["prefix_hit_rate"]),
-            "attnlab_preemptions": ("sequences preempted (recomputed later) since start",
-                                    lambda: worker.totals.preemptions),
         }
         if worker.pool is not None:
             gauges["attnlab_kv_blocks_used"] = ("KV-cache blocks held by sequences", lambda: worker.pool.used_blocks)
@@ -42,6 +41,25 @@ class Metrics:
                                                 lambda: worker.pool.free_blocks)
         for name, (doc, fn) in gauges.items():
             Gauge(name, doc, registry=r).set_function(fn)
+        r.register(_EngineCounters(worker))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _EngineCounters:
+    """The engine thread's own counts, read at scrape time: they only grow, so they are counters (a rate of
+    preemptions or failures is what an alert watches)."""
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def collect(self):
+        t = self.worker.totals
+        for name, doc, value in (
+                ("attnlab_preemptions", "sequences preempted (recomputed later) since start", t.preemptions),
+                ("attnlab_engine_step_errors", "engine forwards that failed (their sequences ended with an error)",
+                 t.step_errors),
+                ("attnlab_engine_sequence_errors", "sequences ended alone by a fault of their own (non-finite "
+                 "logits, sampling)", t.sequence_errors)):
+            yield CounterMetricFamily(name, doc, value=value)

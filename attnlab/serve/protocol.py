@@ -16,7 +16,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_STOP_CHARS = 1024  # all stop strings together: each token's stop match reads back this far
 MAX_TOP_LOGPROBS = 20
+MAX_DEPTH = 32  # JSON nesting: the deepest valid body (chat content parts) is 5 levels
+MAX_CACHE_SALT = 256
+# Extremes that overflow fp32 logits (a penalty of 1e-300 divides them by ~0) are refused before any compute;
+# a row that still turns non-finite ends alone in the engine.
+REPETITION_PENALTY_RANGE = (1e-2, 1e2)
 
 
 class ApiError(Exception):
@@ -54,6 +60,7 @@ class _Common(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    cache_salt: str | None = None  # extension (as vLLM): only requests with the same salt share cached prefixes
 
     def check(self) -> None:
         """What pydantic's types cannot say: ranges, NaN, and unsupported values of known fields."""
@@ -66,9 +73,12 @@ class _Common(BaseModel):
         if self.top_k < 0:
             raise ApiError(400, f"top_k={self.top_k} must be >= 0 (0 keeps the whole vocabulary)", "top_k",
                            "invalid_value")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise ApiError(400, f"repetition_penalty={self.repetition_penalty} must be > 0 (1 disables it)",
-                           "repetition_penalty", "invalid_value")
+        lo, hi = REPETITION_PENALTY_RANGE
+        if not (math.isfinite(self.repetition_penalty) and lo <= self.repetition_penalty <= hi):
+            raise ApiError(400, f"repetition_penalty={self.repetition_penalty} must be in [{lo:g}, {hi:g}] (1 disables "
+                           "it; values beyond overflow the model's scores)", "repetition_penalty", "invalid_value")
+        if self.cache_salt is not None and not 0 < len(self.cache_salt) <= MAX_CACHE_SALT:
+            raise ApiError(400, f"cache_salt must be 1 to {MAX_CACHE_SALT} characters", "cache_salt", "invalid_value")
         if self.n != 1:
             raise ApiError(400, f"n={self.n}: this server returns one choice per request; send n=1 (or omit "
                            "it) and make several requests", "n", "unsupported_value")
@@ -90,6 +100,9 @@ class _Common(BaseModel):
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stops) > MAX_STOP:
             raise ApiError(400, f"{len(stops)} stop sequences given; at most {MAX_STOP}", "stop", "invalid_value")
+        if sum(map(len, stops)) > MAX_STOP_CHARS:
+            raise ApiError(400, f"the stop sequences hold {sum(map(len, stops))} characters together; at most "
+                           f"{MAX_STOP_CHARS}", "stop", "invalid_value")
         return [s for s in stops if s]
 
     @property
@@ -176,10 +189,17 @@ def parse_body(raw: bytes, model_cls):
     def no_constant(name):  # NaN / Infinity are not JSON, and no field accepts them
         raise ValueError(f"{name} is not valid JSON")
 
+    depth = _nesting(text)
+    if depth > MAX_DEPTH:
+        raise ApiError(400, f"the request body nests {depth} levels deep; at most {MAX_DEPTH}", None, "invalid_json")
     try:
         data = json.loads(text, parse_constant=no_constant)
     except ValueError as e:
         raise ApiError(400, f"the request body is not valid JSON ({e})", None, "invalid_json") from None
+    where = _lone_surrogate(data)
+    if where is not None:
+        raise ApiError(400, f"{where or 'the body'} holds a lone UTF-16 surrogate (an escape such as \\ud800 with no "
+                       "pair); text must be valid Unicode", where or None, "invalid_encoding")
     if not isinstance(data, dict):
         raise ApiError(400, f"the request body must be a JSON object, not {type(data).__name__}", None,
                        "invalid_json")
@@ -189,6 +209,48 @@ def parse_body(raw: bytes, model_cls):
         raise _validation_error(e, model_cls) from None
     req.check()
     return req
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of arrays and objects in a JSON text, outside strings (counted before parsing, since a
+    deep enough body overflows the parser's recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _lone_surrogate(obj, path: str = "") -> str | None:
+    """The path of the first string (key or value) holding an unpaired surrogate, else None."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        sub = f"{path}.{k}" if path else str(k)
+        if isinstance(k, str) and _lone_surrogate(k, sub) is not None:
+            return sub
+        found = _lone_surrogate(v, sub)
+        if found is not None:
+            return found
+    return None
 
 
 def _validation_error(e: ValidationError, model_cls) -> ApiError:

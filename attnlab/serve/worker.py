@@ -1,5 +1,9 @@
 """The engine thread: one ``Scheduler`` stepped in a loop, fed by the HTTP side through an inbox.
 
+Faults stay with their requests: the scheduler ends a sequence whose own logits or sampling fail, and the
+sequences of a forward that fails, each with a final event its client sees as an error; the thread goes on.
+``healthy`` turns false when the thread has died or its last ``UNHEALTHY_AFTER`` steps all failed.
+
 Why a thread: a step is one batched forward (tens of milliseconds of torch work that releases the GIL), and
 the asyncio loop must keep accepting, streaming and noticing disconnects meanwhile. Only this thread touches
 the scheduler and the KV pool; the HTTP side posts "submit" and "cancel" into the inbox, which is applied
@@ -40,6 +44,9 @@ def _trim_heap() -> None:
 _libc = None
 
 
+UNHEALTHY_AFTER = 3  # consecutive failed steps after which /health answers 503
+
+
 class QueueFull(Exception):
     """More requests are waiting than --max-queue allows."""
 
@@ -57,7 +64,9 @@ class Totals:
     generated_tokens: int = 0
     preemptions: int = 0
     steps: int = 0
-    step_errors: int = 0
+    step_errors: int = 0  # forwards that failed (their sequences ended with an error)
+    sequence_errors: int = 0  # sequences ended alone by a fault of their own (non-finite logits, sampling)
+    failed_streak: int = 0  # consecutive steps that failed
 
 
 def _put_all(items: list) -> None:
@@ -76,7 +85,8 @@ class Worker:
         if cfg.family == "transformer" and cfg.kernel != "sliding":  # paged, with prefix caching
             pool = model.new_pool(kv_blocks or max_batch * -(-cfg.max_seq_len // block_size), block_size, cache_dtype)
         self.scheduler = Scheduler(model, max_len=cfg.max_seq_len, max_batch=max_batch, prefill_chunk=prefill_chunk,
-                                   prefill_budget=prefill_budget, cache_dtype=cache_dtype, pool=pool)
+                                   prefill_budget=prefill_budget, cache_dtype=cache_dtype, pool=pool,
+                                   raise_faults=False)
         self.pool = self.scheduler.pool
         self.totals = Totals()
         self.accepting = True
@@ -125,12 +135,18 @@ class Worker:
                "max_batch": self.scheduler.max_batch, "accepting": self.accepting,
                "prompt_tokens": t.prompt_tokens, "cached_tokens": t.cached_tokens,
                "prefix_hit_rate": t.cached_tokens / t.prompt_tokens if t.prompt_tokens else 0.0,
-               "generated_tokens": t.generated_tokens, "preemptions": t.preemptions, "steps": t.steps}
+               "generated_tokens": t.generated_tokens, "preemptions": t.preemptions, "steps": t.steps,
+               "step_errors": t.step_errors, "sequence_errors": t.sequence_errors, "healthy": self.healthy}
         if self.pool is not None:
             out.update(kv_blocks_total=self.pool.n_blocks, kv_blocks_used=self.pool.used_blocks,
                        kv_blocks_free=self.pool.free_blocks, kv_block_size=self.pool.block_size,
                        kv_bytes_per_block=self.pool.bytes_per_block)
         return out
+
+    @property
+    def healthy(self) -> bool:
+        """The engine thread is alive and its recent steps did not all fail."""
+        return self.thread.is_alive() and self.totals.failed_streak < UNHEALTHY_AFTER
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Block until nothing is queued or running (or the timeout); True when idle."""
@@ -159,16 +175,22 @@ class Worker:
                 self._wake.wait(0.25)
                 self._wake.clear()
                 continue
+            errors_before = sched.step_errors
             try:
                 events = sched.step()
-            except Exception:  # a bug must not take the server down: fail the sequences in flight, go on
-                log.error("engine step failed; cancelling the sequences in flight\n%s", traceback.format_exc())
-                self.totals.step_errors += 1
-                self._cancel_all("error")
-                continue
-            self.totals.steps += 1
-            self.totals.preemptions = sched.preemptions
-            self.totals.generated_tokens += len(events)
+            except Exception:  # a bug outside any one forward: end everything in flight, keep serving
+                log.error("engine step failed; ending the sequences in flight\n%s", traceback.format_exc())
+                sched.step_errors += 1
+                events = sched.fail([*sched.waiting, *sched.prefilling, *sched.running],
+                                    "the engine failed while running this request; see the server log")
+            failed = sched.step_errors > errors_before
+            if failed:
+                log.error("engine: %s", sched.last_error or "a step failed")
+            t = self.totals
+            t.failed_streak = t.failed_streak + 1 if failed else 0
+            t.steps += 1
+            t.step_errors, t.sequence_errors, t.preemptions = sched.step_errors, sched.seq_errors, sched.preemptions
+            t.generated_tokens += sum(1 for e in events if e.token >= 0)
             self._deliver(events)
 
     def _apply_inbox(self) -> None:
@@ -179,7 +201,7 @@ class Worker:
                 self._listeners[id(seq)] = sink
                 self._fresh.add(id(seq))
                 self.scheduler.submit(seq)
-            elif not seq.done:  # cancel: frees the row and its blocks now, before the next step
+            else:  # cancel: frees the row and its blocks now, before the next step (a finished one: a no-op)
                 self.scheduler.cancel(seq)
                 self._listeners.pop(id(seq), None)
                 self._fresh.discard(id(seq))
@@ -188,7 +210,8 @@ class Worker:
         by_loop: dict = {}
         for event in events:
             seq = event.seq
-            if id(seq) in self._fresh:  # its first token: the prefill (and any prefix-cache hit) is done
+            if id(seq) in self._fresh and (event.token >= 0 or event.finished):
+                # its first token (the prefill and any prefix-cache hit are done), or its end before one
                 self._fresh.discard(id(seq))
                 self.totals.prompt_tokens += len(seq.prompt)
                 self.totals.cached_tokens += seq.cached_tokens
@@ -203,10 +226,9 @@ class Worker:
 
     def _cancel_all(self, reason: str) -> None:
         sched = self.scheduler
+        events = []
         for seq in [*sched.waiting, *sched.prefilling, *sched.running]:
-            sched.cancel(seq)
-            seq.finish_reason = reason
-            self._fresh.discard(id(seq))
-            if id(seq) in self._listeners:
-                self._deliver([Event(seq, -1, 0.0, True)])
+            sched.cancel(seq, reason)
+            events.append(Event(seq, -1, 0.0, True))
+        self._deliver(events)
         self._idle.set()
