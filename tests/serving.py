@@ -39,7 +39,7 @@ class Server(LaunchedServer):
     """`attnlab serve FOLDER --threads 1 *args`, started at once; SIGTERM on exit (or `kill()`)."""
 
     def __init__(self, folder: Path, *args: str):
-        super().__init__(str(folder), ["--threads", "1", *args], startup_s=90.0)
+        super().__init__(str(folder), ["--threads", "1", *args], startup_s=180.0)
         super().__enter__()
 
     def __enter__(self) -> "Server":  # already started: `with Server(...) as s` must not start a second one

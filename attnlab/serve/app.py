@@ -32,10 +32,12 @@ from starlette.exceptions import HTTPException
 
 from attnlab.serve import completion as C
 from attnlab.serve.metrics import Metrics
+from attnlab.serve.openapi import MAX_PREDICT_TOKENS, openapi_document
 from attnlab.serve.protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from attnlab.serve.worker import Worker
 
 STATIC = Path(__file__).parent / "static"
+POST_ROUTES = ("/v1/completions", "/v1/chat/completions")  # the bodies a browser could be made to send
 log = logging.getLogger("attnlab.serve")
 
 
@@ -147,7 +149,7 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
             err = ApiError(403, f"requests from the web origin {origin!r} are not allowed; start the server with "
                            f"--allow-origin {origin} to allow it", None, "origin_not_allowed", "permission_error")
             return JSONResponse(err.body(), status_code=403)
-        if request.method == "POST":
+        if request.method == "POST" and request.url.path in POST_ROUTES:
             kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
             if kind != "application/json":
                 err = ApiError(415, f"a POST body must be sent as 'Content-Type: application/json', not "
@@ -421,9 +423,10 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
     async def predict_route(request: Request, prompt_tokens: int, output_tokens: int = 1, cached_tokens: int = 0):
         try:
             auth(request)
-            if prompt_tokens < 1 or output_tokens < 1 or cached_tokens < 0:
-                raise ApiError(400, "prompt_tokens and output_tokens must be >= 1, cached_tokens >= 0", None,
-                               "invalid_value")
+            if not (1 <= prompt_tokens <= MAX_PREDICT_TOKENS and 1 <= output_tokens <= MAX_PREDICT_TOKENS
+                    and 0 <= cached_tokens <= prompt_tokens):
+                raise ApiError(400, f"prompt_tokens and output_tokens must be in 1..{MAX_PREDICT_TOKENS}, and "
+                               "cached_tokens in 0..prompt_tokens", None, "invalid_value")
         except ApiError as err:
             return error(err, "/api/predict")
         from attnlab.cost.calibrate import Cancelled
@@ -436,6 +439,13 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
         except Cancelled:
             return error(ApiError(503, "the server is shutting down; the machine's calibration was stopped", None,
                                   "shutting_down", "server_error"), "/api/predict")
+
+    document = openapi_document("attnlab", "0.1.0", vocab_size=model_cfg.vocab_size, context=context,
+                                max_tokens_cap=cfg.max_tokens_cap)
+
+    @app.get("/openapi.json")
+    async def openapi():
+        return document
 
     @app.get("/")
     async def page():
@@ -452,7 +462,7 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
     async def http_error(request: Request, exc: HTTPException):  # unknown routes and methods, in OpenAI's shape
         err = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", None,
                        "not_found" if exc.status_code == 404 else "method_not_allowed")
-        return JSONResponse(err.body(), status_code=exc.status_code)
+        return JSONResponse(err.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))  # 405: Allow
 
     @app.exception_handler(RequestValidationError)
     async def query_error(request: Request, exc: RequestValidationError):  # bad query parameters

@@ -23,6 +23,8 @@ MAX_CACHE_SALT = 256
 # Extremes that overflow fp32 logits (a penalty of 1e-300 divides them by ~0) are refused before any compute;
 # a row that still turns non-finite ends alone in the engine.
 REPETITION_PENALTY_RANGE = (1e-2, 1e2)
+# top_p > 0, stated as a normal float: the server flushes denormals to zero, so 5e-324 would read as 0 here
+MIN_TOP_P = 1e-30
 
 
 class ApiError(Exception):
@@ -67,9 +69,9 @@ class _Common(BaseModel):
         if not (math.isfinite(self.temperature) and 0 <= self.temperature <= 2):
             raise ApiError(400, f"temperature={self.temperature} must be a number in [0, 2] (0 is greedy)",
                            "temperature", "invalid_value")
-        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
-            raise ApiError(400, f"top_p={self.top_p} must be in (0, 1] (1 keeps the whole vocabulary)", "top_p",
-                           "invalid_value")
+        if not (math.isfinite(self.top_p) and MIN_TOP_P <= self.top_p <= 1):
+            raise ApiError(400, f"top_p={self.top_p} must be in [{MIN_TOP_P:g}, 1] (1 keeps the whole vocabulary)",
+                           "top_p", "invalid_value")
         if self.top_k < 0:
             raise ApiError(400, f"top_k={self.top_k} must be >= 0 (0 keeps the whole vocabulary)", "top_k",
                            "invalid_value")
