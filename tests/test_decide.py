@@ -56,18 +56,39 @@ def test_over_repeats_needs_agreement():
 
 
 # --- claim 1: traced depth ---------------------------------------------------------------------------------------
-E01 = {"exponents": {"transformer": {"depth": 0.0, "work": 1.5, "attention_work": 2.0}, "rnn": {"depth": 1.0},
-                     "lstm": {"depth": 0.99}, "gru": {"depth": 1.0}, "ssm-parallel": {"depth": 0.1}}}
+def _e01_round(width=64, lens=(64, 128, 256, 512, 1024), **depths):
+    e = {"transformer": {"depth": 0.0, "work": 1.5, "attention_work": 2.0}, "rnn": {"depth": 1.0},
+         "lstm": {"depth": 0.99}, "gru": {"depth": 1.0}, "lstm (fused)": {"depth": 0.98}, "ssm-parallel": {"depth": 0.1}}
+    for name, d in depths.items():
+        e[name.replace("_", " ")]["depth"] = d
+    return {"width": width, "lengths": list(lens), "exponents": e, "depth_ops": {"transformer": [60] * len(lens)},
+            "fused_kernel_steps": [2 * n for n in lens]}
+
+
+def _e01(*rounds):
+    return {"rounds": list(rounds) or [_e01_round(w) for w in (32, 64, 96)]}
 
 
 def test_e01():
-    d = _check("e01_work_depth", E01, SUPPORTED)
-    assert any(r.startswith("model (not in the verdict)") for r in d.reasons)
-    _check("e01_work_depth", _with(E01, lambda m: m["exponents"]["transformer"].update(depth=0.5)), NOT_SUPPORTED)
-    _check("e01_work_depth", _with(E01, lambda m: m["exponents"]["lstm"].update(depth=0.6)), NOT_SUPPORTED)
-    _check("e01_work_depth", _with(E01, lambda m: m["exponents"]["gru"].update(depth=None)), INCONCLUSIVE)
+    d = _check("e01_work_depth", _e01(), SUPPORTED)
+    assert d.repeats == [SUPPORTED] * 3 and d.regime and all(c["met"] for c in d.regime)
+    _check("e01_work_depth", _e01(*[_e01_round(w, transformer=0.5) for w in (32, 64, 96)]), NOT_SUPPORTED)
+    _check("e01_work_depth", _e01(*[_e01_round(w, lstm=0.6) for w in (32, 64, 96)]), NOT_SUPPORTED)
+    # the fused kernel counted as one op a layer: its depth stays flat, and the claim fails
+    _check("e01_work_depth", _e01(*[_e01_round(w, **{"lstm (fused)": 0.0}) for w in (32, 64, 96)]), NOT_SUPPORTED)
+    _check("e01_work_depth", _e01(*[_e01_round(w, gru=None) for w in (32, 64, 96)]), INCONCLUSIVE)
     # the FLOP exponent is the model: a wrong one does not change the verdict
-    _check("e01_work_depth", _with(E01, lambda m: m["exponents"]["transformer"].update(attention_work=1.0)), SUPPORTED)
+    r = _e01_round()
+    r["exponents"]["transformer"]["attention_work"] = 1.0
+    _check("e01_work_depth", _e01(r), SUPPORTED)
+    # outside the regime: lengths spanning 2x, or never past the transformer's depth
+    out = _check("e01_work_depth", _e01(_e01_round(lens=(64, 128))), INCONCLUSIVE)
+    assert out.qualifier == REGIME_NOT_REACHED
+    out = _check("e01_work_depth", _e01(_e01_round(lens=(4, 8, 16, 32))), INCONCLUSIVE)
+    assert out.qualifier == REGIME_NOT_REACHED
+    # rounds that disagree
+    out = _check("e01_work_depth", _e01(_e01_round(32), _e01_round(64, rnn=0.5), _e01_round(96)), INCONCLUSIVE)
+    assert out.qualifier == UNSTABLE
 
 
 # --- claim 2: utilisation with a spread ---------------------------------------------------------------------------
