@@ -125,16 +125,55 @@ def test_e02():
     assert _check("e02_parallel_idle", m, INCONCLUSIVE).qualifier == UNSTABLE
 
 
-# --- claim 3: gradients and recall (owned elsewhere; tested once it has decide) ------------------------------------
-# --- claim 4: permutation equivariance ----------------------------------------------------------------------------
-E04 = {"max_deviation": {"none": 1e-6, "sinusoidal": 5.0, "learned": 3.0, "rope": 10.0, "alibi": 1.0}}
+# --- claim 3: float64 gradients and recall, per seed ----------------------------------------------------------------
+def _e03(tr=(0.95, 0.93, 0.94), others=(0.5, 0.52, 0.49), grad_tr=0.5, grad_rnn=1e-40, far=0.9, best_lr=1e-3):
+    e03 = importlib.import_module("attnlab.experiments.e03_path_length")
+    grads = {f: [1.0, grad_rnn] for f in e03.GRADIENT_FAMILIES}
+    grads["transformer"] = [1.0, grad_tr]
+    cell = lambda accs, far_: {"4": [{"acc": a, "near": 0.9, "far": 0.9} for a in accs],
+                               "8": [{"acc": a, "near": 0.9, "far": far_} for a in accs]}
+    sweep = {"0.0003": 0.5, "0.001": 0.6, "0.003": 0.55}
+    rec = {f: {"test": cell(others, 0.9), "lr_sweep": sweep, "best_lr": 1e-3} for f in e03.RECALL_FAMILIES["full"]}
+    rec["transformer"] = {"test": cell(tr, far), "lr_sweep": sweep, "best_lr": best_lr}
+    return {"grad_norms_by_seed": [grads] * len(tr), "recall": rec}
+
+
+def test_e03():
+    d = _check("e03_path_length", _e03(), SUPPORTED)
+    assert d.repeats == [SUPPORTED] * 3 and all(c["met"] for c in d.regime)
+    _check("e03_path_length", _e03(grad_tr=0.01), NOT_SUPPORTED)  # the transformer's gradient decays too
+    _check("e03_path_length", _e03(grad_rnn=0.5), NOT_SUPPORTED)  # a recurrence keeps its gradient
+    _check("e03_path_length", _e03(tr=(0.4, 0.42, 0.41), others=(0.6, 0.6, 0.6)), NOT_SUPPORTED)  # others recall better
+    _check("e03_path_length", _e03(far=0.7), NOT_SUPPORTED)  # recall falls with distance
+    _check("e03_path_length", _e03(tr=(0.55, 0.54, 0.56)), INCONCLUSIVE)  # within 5 points, every seed
+    # outside the regime: an underflowed gradient, nobody learned, a best rate at an end of the sweep
+    for kw in ({"grad_rnn": 0.0}, {"tr": (0.3, 0.2, 0.25), "others": (0.2, 0.2, 0.2)}, {"best_lr": 3e-3}):
+        out = _check("e03_path_length", _e03(**kw), INCONCLUSIVE)
+        assert out.qualifier == REGIME_NOT_REACHED, kw
+    # seeds that disagree: the transformer ahead on two, behind on one
+    out = _check("e03_path_length", _e03(tr=(0.95, 0.3, 0.94), others=(0.5, 0.52, 0.49)), INCONCLUSIVE)
+    assert out.qualifier == UNSTABLE
+
+
+# --- claim 4: permutation equivariance, in rounds ------------------------------------------------------------------
+def _e04_round(spread=1.7, **dev):
+    return {"max_deviation": {"none": 1e-6, "sinusoidal": 5.0, "learned": 3.0, "rope": 10.0, "alibi": 1.0, **dev},
+            "output_spread": spread}
+
+
+def _e04(*rounds):
+    return {"rounds": list(rounds) or [_e04_round()] * 3}
 
 
 def test_e04():
-    _check("e04_permutation", E04, SUPPORTED)
-    _check("e04_permutation", _with(E04, lambda m: m["max_deviation"].update(none=1e-2)), NOT_SUPPORTED)
-    _check("e04_permutation", _with(E04, lambda m: m["max_deviation"].update(rope=1e-5)), NOT_SUPPORTED)
-    _check("e04_permutation", _with(E04, lambda m: m["max_deviation"].update(learned=float("nan"))), INCONCLUSIVE)
+    assert _check("e04_permutation", _e04(), SUPPORTED).repeats == [SUPPORTED] * 3
+    _check("e04_permutation", _e04(*[_e04_round(none=1e-2)] * 3), NOT_SUPPORTED)
+    _check("e04_permutation", _e04(*[_e04_round(rope=1e-5)] * 3), NOT_SUPPORTED)
+    _check("e04_permutation", _e04(*[_e04_round(learned=float("nan"))] * 3), INCONCLUSIVE)
+    # a constant output is trivially equivariant: outside the regime
+    assert _check("e04_permutation", _e04(_e04_round(spread=1e-5)), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    out = _check("e04_permutation", _e04(_e04_round(), _e04_round(rope=1e-5), _e04_round()), INCONCLUSIVE)
+    assert out.qualifier == UNSTABLE
 
 
 # --- claim 5: extrapolation over seeds ----------------------------------------------------------------------------
