@@ -176,17 +176,25 @@ def test_e04():
     assert out.qualifier == UNSTABLE
 
 
-# --- claim 5: extrapolation over seeds ----------------------------------------------------------------------------
-def _e05(rope, sin):
-    return {"ratio_4L_by_seed": {"rope": rope, "sinusoidal": sin}, "ratio_4L": {"alibi": 0.96, "rope+ntk": 1.6}}
+# --- claim 5: extrapolation, per seed, test lengths measured -------------------------------------------------------
+def _e05(rope, sin, test_len=512, at_L=4.0):
+    return {"ratio_4L_by_seed": {"rope": rope, "sinusoidal": sin}, "ratio_4L": {"alibi": 0.96, "rope+ntk": 1.6},
+            "seeds": list(range(len(rope))), "ppl_L_by_seed": {"rope": [at_L] * len(rope), "sinusoidal": [at_L] * len(sin)},
+            "unigram_ppl": 20.0, "trained_len_measured": 128, "test_len_measured": test_len}
 
 
 def test_e05():
-    _check("e05_extrapolation", _e05([3.0, 3.1, 2.9], [4.0, 4.2, 3.9]), SUPPORTED)
+    d = _check("e05_extrapolation", _e05([3.0, 3.1, 2.9], [4.0, 4.2, 3.9]), SUPPORTED)
+    assert d.repeats == [SUPPORTED] * 3 and all(c["met"] for c in d.regime)
     _check("e05_extrapolation", _e05([4.0, 4.2, 3.9], [3.0, 3.1, 2.9]), NOT_SUPPORTED)
-    _check("e05_extrapolation", _e05([3.0, 4.5, 3.3], [4.0, 3.2, 3.9]), INCONCLUSIVE)  # gap inside the seed spread
+    _check("e05_extrapolation", _e05([3.0, 3.1, 2.9], [3.1, 3.2, 3.0]), INCONCLUSIVE)  # within 10% on every seed
+    assert _check("e05_extrapolation", _e05([3.0, 4.5, 3.3], [4.0, 3.2, 3.9]), INCONCLUSIVE).qualifier == UNSTABLE
     d = _check("e05_extrapolation", _e05([3.0], [4.0]), SUPPORTED)  # quick scale: one seed, said so
     assert any("one seed" in r for r in d.reasons)
+    # outside the regime: tested at 2x the trained length, or a model that did not learn the text
+    for kw in ({"test_len": 256}, {"at_L": 25.0}):
+        out = _check("e05_extrapolation", _e05([3.0, 3.1, 2.9], [4.0, 4.2, 3.9], **kw), INCONCLUSIVE)
+        assert out.qualifier == REGIME_NOT_REACHED
 
 
 # --- claim 6: naive time and measured memory ------------------------------------------------------------------------
