@@ -197,22 +197,34 @@ def test_e05():
         assert out.qualifier == REGIME_NOT_REACHED
 
 
-# --- claim 6: naive time and measured memory ------------------------------------------------------------------------
-E06 = {"exponents": {"naive": 1.95, "naive_fastest": 1.9, "naive_peak_bytes": 1.98, "sdpa": 1.7, "flash": 1.8},
-       "failed": [], "model_8k_to_128k": {"attention": 256.0, "mlp": 16.0}}
+# --- claim 6: naive time and measured memory, per round ------------------------------------------------------------
+def _e06_round(r=1, t=1.95, mem=1.98, peak=40.0, linear=0.001, calls=(0.05, 0.2, 0.8)):
+    return {"round": r, "fitted_lengths": [1024, 2048, 4096], "calls_s": list(calls), "time_exponent": t,
+            "peak_exponent": mem, "peak_bytes": peak, "input_bytes": 4.0, "median_s": calls[0], "linear_pass_s": linear}
+
+
+def _e06(*rounds, failed=()):
+    return {"rounds": list(rounds) or [_e06_round(r) for r in (1, 2, 3)], "failed": list(failed),
+            "exponents": {"naive": 1.95, "naive_peak_bytes": 1.98}, "model_8k_to_128k": {"attention": 256.0, "mlp": 16.0}}
 
 
 def test_e06():
-    d = _check("e06_quadratic", E06, SUPPORTED)
-    assert any(r.startswith("model (not in the verdict)") for r in d.reasons)
-    _check("e06_quadratic", _with(E06, lambda m: m["exponents"].update(naive=1.3, naive_fastest=1.2)), NOT_SUPPORTED)
-    _check("e06_quadratic", _with(E06, lambda m: m["exponents"].update(naive_peak_bytes=1.2)), NOT_SUPPORTED)
-    _check("e06_quadratic", _with(E06, lambda m: m["exponents"].update(naive=0.7)), INCONCLUSIVE)  # implausible
-    _check("e06_quadratic", _with(E06, lambda m: m["exponents"].update(naive_peak_bytes=0.3)), INCONCLUSIVE)
-    _check("e06_quadratic", _with(E06, lambda m: m["exponents"].update(naive_fastest=1.5)), INCONCLUSIVE)  # fits disagree
-    _check("e06_quadratic", _with(E06, lambda m: m.update(failed=["failed: killed"])), INCONCLUSIVE)
+    d = _check("e06_quadratic", _e06(), SUPPORTED)
+    assert d.repeats == [SUPPORTED] * 3 and any(r.startswith("model (not in the verdict)") for r in d.reasons)
+    _check("e06_quadratic", _e06(*[_e06_round(r, t=1.3) for r in (1, 2, 3)]), NOT_SUPPORTED)
+    _check("e06_quadratic", _e06(*[_e06_round(r, mem=1.2) for r in (1, 2, 3)]), NOT_SUPPORTED)
+    _check("e06_quadratic", _e06(*[_e06_round(r, t=0.7) for r in (1, 2, 3)]), INCONCLUSIVE)  # implausible
+    _check("e06_quadratic", _e06(*[_e06_round(r, mem=0.3) for r in (1, 2, 3)]), INCONCLUSIVE)
+    _check("e06_quadratic", _e06(failed=["failed: killed"]), INCONCLUSIVE)
     # the cost model's factor is not in the verdict
-    _check("e06_quadratic", _with(E06, lambda m: m["model_8k_to_128k"].update(attention=3.0)), SUPPORTED)
+    _check("e06_quadratic", _with(_e06(), lambda m: m["model_8k_to_128k"].update(attention=3.0)), SUPPORTED)
+    # outside the regime: memory not dominated by the scores, time by an O(n) pass, or calls under a millisecond
+    for kw in ({"peak": 8.0}, {"linear": 0.02}, {"calls": (1e-4, 4e-4, 1.6e-3)}):
+        out = _check("e06_quadratic", _e06(*[_e06_round(r, **kw) for r in (1, 2, 3)]), INCONCLUSIVE)
+        assert out.qualifier == REGIME_NOT_REACHED, kw
+    # rounds that disagree
+    out = _check("e06_quadratic", _e06(_e06_round(1), _e06_round(2, t=1.3), _e06_round(3)), INCONCLUSIVE)
+    assert out.qualifier == UNSTABLE
 
 
 # --- claim 7: MLP vs attention core -------------------------------------------------------------------------------
