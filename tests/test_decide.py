@@ -227,18 +227,42 @@ def test_e06():
     assert out.qualifier == UNSTABLE
 
 
-# --- claim 7: MLP vs attention core -------------------------------------------------------------------------------
-def _e07(mlp, core):
-    rows = [{"n": n, "mlp_s": sum(mlp) / 2, "mlp_min_s": mlp[0], "mlp_max_s": mlp[1], "attention_core_s": sum(core) / 2,
-             "attention_core_min_s": core[0], "attention_core_max_s": core[1], "core_share_of_layer": 0.2}
-            for n in (256, 512, 1024, 2048)]
-    return {"rows": rows, "lengths": [256, 512, 1024, 2048], "measured_crossover": None, "analytic_crossover": 6143.0}
+# --- claim 7: MLP vs attention core, and the crossover the claim states ------------------------------------------
+def _e07_round(mlp, core, lens=(256, 512, 1024, 2048), late=None, r=1):
+    """``mlp``/``core``: (min, max) at every length; ``late``: (mlp, core) medians at the lengths >= 2,000."""
+    rows = []
+    for n in lens:
+        lo_m, hi_m = mlp if (late is None or n < 2000) else (late[0],) * 2
+        lo_c, hi_c = core if (late is None or n < 2000) else (late[1],) * 2
+        rows.append({"n": n, "mlp_s": (lo_m + hi_m) / 2, "mlp_min_s": lo_m, "mlp_max_s": hi_m,
+                     "attention_core_s": (lo_c + hi_c) / 2, "attention_core_min_s": lo_c, "attention_core_max_s": hi_c,
+                     "core_share_of_layer": 0.2})
+    return {"round": r, "rows": rows}
+
+
+def _e07(*rounds):
+    return {"rounds": list(rounds), "analytic_crossover": 6143.0}
 
 
 def test_e07():
-    _check("e07_ffn_share", _e07((2.0, 2.2), (1.0, 1.1)), SUPPORTED)
-    _check("e07_ffn_share", _e07((1.0, 1.1), (2.0, 2.2)), NOT_SUPPORTED)
-    _check("e07_ffn_share", _e07((1.0, 2.0), (1.5, 1.6)), INCONCLUSIVE)
+    e07 = importlib.import_module("attnlab.experiments.e07_ffn_share")
+    three = lambda **kw: _e07(*[_e07_round(r=r, **kw) for r in (1, 2, 3)])
+    d = _check("e07_ffn_share", three(mlp=(2.0, 2.2), core=(1.0, 1.1)), SUPPORTED)
+    assert d.repeats == [SUPPORTED] * 3 and all(c["met"] for c in d.regime)
+    _check("e07_ffn_share", three(mlp=(1.0, 1.1), core=(2.0, 2.2)), NOT_SUPPORTED)
+    _check("e07_ffn_share", three(mlp=(1.0, 2.0), core=(1.5, 1.6)), INCONCLUSIVE)
+    # the MLP slower below 2,000 but the core already slower at 2,048: crossover below 2,000, not "several thousand"
+    d = _check("e07_ffn_share", three(mlp=(2.0, 2.2), core=(1.0, 1.1), late=(1.0, 3.0)), NOT_SUPPORTED)
+    assert e07.crossover(_e07_round((2.0, 2.2), (1.0, 1.1), late=(1.0, 3.0))["rows"]) < 2000
+    # the crossover just past 2,000 passes, interpolated between 1,024 and 4,096
+    m = _e07_round((2.0, 2.2), (1.0, 1.1), lens=(256, 512, 1024, 4096), late=(1.0, 1.2))
+    assert 2000 <= e07.crossover(m["rows"]) < 4096 and e07.decide_one(m).verdict == SUPPORTED
+    # outside the regime: lengths that stop short of 2,000
+    out = _check("e07_ffn_share", _e07(_e07_round((2.0, 2.2), (1.0, 1.1), lens=(256, 512, 1024))), INCONCLUSIVE)
+    assert out.qualifier == REGIME_NOT_REACHED
+    out = _check("e07_ffn_share", _e07(_e07_round((2.0, 2.2), (1.0, 1.1)), _e07_round((1.0, 1.1), (2.0, 2.2), r=2)),
+                 INCONCLUSIVE)
+    assert out.qualifier == UNSTABLE
 
 
 # --- claim 8: remedies (owned elsewhere) --------------------------------------------------------------------------
