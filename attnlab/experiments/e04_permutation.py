@@ -30,7 +30,7 @@ CHANGES = [
      "why": ("Issue 29: every verdict from >= 3 independent repetitions, and the conditions the claim needs measured. "
              "Verdict before: supported; after: supported at quick scale.")},
 ]
-EST_S = {"quick": 1, "full": 1}  # seconds on a 2-core CPU: the report's progress estimate
+EST_S = {"quick": 2, "full": 10}  # seconds on a 2-core CPU: the report's progress estimate
 
 ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi")
 EQUAL, APART = 1e-4, 100  # the THRESHOLD above, as numbers

@@ -40,7 +40,7 @@ CHANGES = [
              "1,500 would have passed. The crossover is now decided against 2,000, and 3 rounds must agree. Verdict "
              "before: supported (full: crossover measured beyond 2,048); after: supported at quick scale.")},
 ]
-EST_S = {"quick": 3, "full": 30}  # seconds on a 2-core CPU: the report's progress estimate
+EST_S = {"quick": 4, "full": 30}  # seconds on a 2-core CPU: the report's progress estimate
 REPEATS = 5
 CROSS_MIN = 2000  # "several thousand": the crossover must be at n >= this
 ROUNDS = {"quick": 1, "full": FULL_REPEATS}
