@@ -99,6 +99,20 @@ def test_rnn_depth_grows_linearly_and_transformer_depth_does_not():
     assert depth(a, 100)["depth_steps"] == depth(a, 100_000)["depth_steps"] == 12
 
 
+def test_a_fused_recurrent_kernel_counts_its_internal_steps():
+    """torch's fused LSTM dispatches one op per layer on the CPU (oneDNN); its T dependent steps per layer still count,
+    so its depth grows like the visible loop's and the claim that a recurrence has O(n) depth can fail."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(family="lstm", fused=True, dim=16, n_layers=2, n_heads=4, max_seq_len=64)).eval()
+    runs = [trace(model, torch.zeros(1, T, dtype=torch.long)) for T in (8, 16, 32)]
+    d = [r.depth for r in runs]
+    assert d[2] - d[1] == 2 * (d[1] - d[0]) > 0 and d[0] >= 2 * 8  # linear in T, at least T steps a layer
+    if runs[0].ops_by_name.get("mkldnn_rnn_layer"):  # the fused kernel ran as one op a layer: its steps were counted
+        assert [r.recurrent_steps for r in runs] == [2 * 8, 2 * 16, 2 * 32]
+    lstm = torch.nn.LSTM(4, 4, num_layers=3)  # time-major input, 3 layers in one module
+    assert trace(lstm, torch.zeros(5, 1, 4)).depth >= 3 * 5
+
+
 def test_crossover_and_growth_factors():
     assert crossover_tokens(resolve("gpt2")) == 8 * 768 - 1
     c = compare(resolve("llama-3-8b"), 8192, 131072)

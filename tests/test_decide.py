@@ -56,90 +56,213 @@ def test_over_repeats_needs_agreement():
 
 
 # --- claim 1: traced depth ---------------------------------------------------------------------------------------
-E01 = {"exponents": {"transformer": {"depth": 0.0, "work": 1.5, "attention_work": 2.0}, "rnn": {"depth": 1.0},
-                     "lstm": {"depth": 0.99}, "gru": {"depth": 1.0}, "ssm-parallel": {"depth": 0.1}}}
+def _e01_round(width=64, lens=(64, 128, 256, 512, 1024), **depths):
+    e = {"transformer": {"depth": 0.0, "work": 1.5, "attention_work": 2.0}, "rnn": {"depth": 1.0},
+         "lstm": {"depth": 0.99}, "gru": {"depth": 1.0}, "lstm (fused)": {"depth": 0.98}, "ssm-parallel": {"depth": 0.1}}
+    for name, d in depths.items():
+        e[name.replace("_", " ")]["depth"] = d
+    return {"width": width, "lengths": list(lens), "exponents": e, "depth_ops": {"transformer": [60] * len(lens)},
+            "fused_kernel_steps": [2 * n for n in lens]}
+
+
+def _e01(*rounds):
+    return {"rounds": list(rounds) or [_e01_round(w) for w in (32, 64, 96)]}
 
 
 def test_e01():
-    d = _check("e01_work_depth", E01, SUPPORTED)
-    assert any(r.startswith("model (not in the verdict)") for r in d.reasons)
-    _check("e01_work_depth", _with(E01, lambda m: m["exponents"]["transformer"].update(depth=0.5)), NOT_SUPPORTED)
-    _check("e01_work_depth", _with(E01, lambda m: m["exponents"]["lstm"].update(depth=0.6)), NOT_SUPPORTED)
-    _check("e01_work_depth", _with(E01, lambda m: m["exponents"]["gru"].update(depth=None)), INCONCLUSIVE)
+    d = _check("e01_work_depth", _e01(), SUPPORTED)
+    assert d.repeats == [SUPPORTED] * 3 and d.regime and all(c["met"] for c in d.regime)
+    _check("e01_work_depth", _e01(*[_e01_round(w, transformer=0.5) for w in (32, 64, 96)]), NOT_SUPPORTED)
+    _check("e01_work_depth", _e01(*[_e01_round(w, lstm=0.6) for w in (32, 64, 96)]), NOT_SUPPORTED)
+    # the fused kernel counted as one op a layer: its depth stays flat, and the claim fails
+    _check("e01_work_depth", _e01(*[_e01_round(w, **{"lstm (fused)": 0.0}) for w in (32, 64, 96)]), NOT_SUPPORTED)
+    _check("e01_work_depth", _e01(*[_e01_round(w, gru=None) for w in (32, 64, 96)]), INCONCLUSIVE)
     # the FLOP exponent is the model: a wrong one does not change the verdict
-    _check("e01_work_depth", _with(E01, lambda m: m["exponents"]["transformer"].update(attention_work=1.0)), SUPPORTED)
+    r = _e01_round()
+    r["exponents"]["transformer"]["attention_work"] = 1.0
+    _check("e01_work_depth", _e01(r), SUPPORTED)
+    # outside the regime: lengths spanning 2x, or never past the transformer's depth
+    out = _check("e01_work_depth", _e01(_e01_round(lens=(64, 128))), INCONCLUSIVE)
+    assert out.qualifier == REGIME_NOT_REACHED
+    out = _check("e01_work_depth", _e01(_e01_round(lens=(4, 8, 16, 32))), INCONCLUSIVE)
+    assert out.qualifier == REGIME_NOT_REACHED
+    # rounds that disagree
+    out = _check("e01_work_depth", _e01(_e01_round(32), _e01_round(64, rnn=0.5), _e01_round(96)), INCONCLUSIVE)
+    assert out.qualifier == UNSTABLE
 
 
-# --- claim 2: utilisation with a spread ---------------------------------------------------------------------------
-def _e02(t_range, lstm_range):
+# --- claim 2: utilisation with a spread, every clause, equal sizes -------------------------------------------------
+def _e02_round(t_range, loop_range, fused_range=(0.2, 0.3), lstm_params=3.3e6, top=None):
     rows = []
-    for T in (64, 128):
-        for name, (lo, hi) in (("transformer", t_range), ("lstm (loop)", lstm_range), ("lstm (fused)", (0.2, 0.3))):
-            rows.append({"model": name, "n": T, "share_of_peak": (lo + hi) / 2, "share_low": lo, "share_high": hi})
-    return {"lengths": [64, 128], "rows": rows}
+    for T in (64, 256):
+        for name, (lo, hi) in (("transformer", t_range), ("lstm (loop)", loop_range), ("lstm (fused)", fused_range)):
+            rows.append({"model": name, "n": T, "share_of_peak": top or (lo + hi) / 2, "share_low": lo, "share_high": hi})
+    return {"lengths": [64, 256], "params": {"transformer": 3.2e6, "lstm (loop)": lstm_params, "lstm (fused)": lstm_params},
+            "rows": rows}
+
+
+def _e02(*args, rounds=3, **kw):
+    return {"rounds": [_e02_round(*args, **kw) for _ in range(rounds)], "step_matmul_share": 0.3}
 
 
 def test_e02():
-    _check("e02_parallel_idle", _e02((0.15, 0.17), (0.02, 0.03)), SUPPORTED)
-    _check("e02_parallel_idle", _e02((0.02, 0.03), (0.15, 0.17)), NOT_SUPPORTED)
+    e02 = importlib.import_module("attnlab.experiments.e02_parallel_idle")
+    d = _check("e02_parallel_idle", _e02((0.35, 0.37), (0.02, 0.03), (0.2, 0.3)), SUPPORTED)
+    assert d.repeats == [SUPPORTED] * 3 and any("old wording" in r and SUPPORTED in r for r in d.reasons)
+    # the fused kernel closes the gap: supported now, not supported under the old wording, both shown
+    m = _e02((0.15, 0.17), (0.02, 0.03), (0.5, 0.6))
+    d = _check("e02_parallel_idle", m, SUPPORTED)
+    assert e02.decide_old(m).verdict == NOT_SUPPORTED and any("old wording" in r and NOT_SUPPORTED in r for r in d.reasons)
+    _check("e02_parallel_idle", _e02((0.02, 0.03), (0.15, 0.17)), NOT_SUPPORTED)  # the loop busier than the transformer
+    _check("e02_parallel_idle", _e02((0.35, 0.37), (0.15, 0.17), (0.02, 0.03)), NOT_SUPPORTED)  # fused below the loop
     _check("e02_parallel_idle", _e02((0.10, 0.20), (0.15, 0.17)), INCONCLUSIVE)
+    # outside the regime: LSTMs of unequal size, or a share above the measured peak
+    for kw in ({"lstm_params": 2.2e6}, {"top": 1.3}):
+        out = _check("e02_parallel_idle", _e02((0.35, 0.37), (0.02, 0.03), **kw), INCONCLUSIVE)
+        assert out.qualifier == REGIME_NOT_REACHED
+    m = _e02((0.35, 0.37), (0.02, 0.03))
+    m["rounds"][1] = _e02_round((0.02, 0.03), (0.15, 0.17))
+    assert _check("e02_parallel_idle", m, INCONCLUSIVE).qualifier == UNSTABLE
 
 
-# --- claim 3: gradients and recall (owned elsewhere; tested once it has decide) ------------------------------------
-# --- claim 4: permutation equivariance ----------------------------------------------------------------------------
-E04 = {"max_deviation": {"none": 1e-6, "sinusoidal": 5.0, "learned": 3.0, "rope": 10.0, "alibi": 1.0}}
+# --- claim 3: float64 gradients and recall, per seed ----------------------------------------------------------------
+def _e03(tr=(0.95, 0.93, 0.94), others=(0.5, 0.52, 0.49), grad_tr=0.5, grad_rnn=1e-40, far=0.9, best_lr=1e-3):
+    e03 = importlib.import_module("attnlab.experiments.e03_path_length")
+    grads = {f: [1.0, grad_rnn] for f in e03.GRADIENT_FAMILIES}
+    grads["transformer"] = [1.0, grad_tr]
+    cell = lambda accs, far_: {"4": [{"acc": a, "near": 0.9, "far": 0.9} for a in accs],
+                               "8": [{"acc": a, "near": 0.9, "far": far_} for a in accs]}
+    sweep = {"0.0003": 0.5, "0.001": 0.6, "0.003": 0.55}
+    rec = {f: {"test": cell(others, 0.9), "lr_sweep": sweep, "best_lr": 1e-3} for f in e03.RECALL_FAMILIES["full"]}
+    rec["transformer"] = {"test": cell(tr, far), "lr_sweep": sweep, "best_lr": best_lr}
+    return {"grad_norms_by_seed": [grads] * len(tr), "recall": rec}
+
+
+def test_e03():
+    d = _check("e03_path_length", _e03(), SUPPORTED)
+    assert d.repeats == [SUPPORTED] * 3 and all(c["met"] for c in d.regime)
+    _check("e03_path_length", _e03(grad_tr=0.01), NOT_SUPPORTED)  # the transformer's gradient decays too
+    _check("e03_path_length", _e03(grad_rnn=0.5), NOT_SUPPORTED)  # a recurrence keeps its gradient
+    _check("e03_path_length", _e03(tr=(0.4, 0.42, 0.41), others=(0.6, 0.6, 0.6)), NOT_SUPPORTED)  # others recall better
+    _check("e03_path_length", _e03(far=0.7), NOT_SUPPORTED)  # recall falls with distance
+    _check("e03_path_length", _e03(tr=(0.55, 0.54, 0.56)), INCONCLUSIVE)  # within 5 points, every seed
+    # outside the regime: an underflowed gradient, nobody learned, a best rate at an end of the sweep
+    for kw in ({"grad_rnn": 0.0}, {"tr": (0.3, 0.2, 0.25), "others": (0.2, 0.2, 0.2)}, {"best_lr": 3e-3}):
+        out = _check("e03_path_length", _e03(**kw), INCONCLUSIVE)
+        assert out.qualifier == REGIME_NOT_REACHED, kw
+    # seeds that disagree: the transformer ahead on two, behind on one
+    out = _check("e03_path_length", _e03(tr=(0.95, 0.3, 0.94), others=(0.5, 0.52, 0.49)), INCONCLUSIVE)
+    assert out.qualifier == UNSTABLE
+
+
+# --- claim 4: permutation equivariance, in rounds ------------------------------------------------------------------
+def _e04_round(spread=1.7, **dev):
+    return {"max_deviation": {"none": 1e-6, "sinusoidal": 5.0, "learned": 3.0, "rope": 10.0, "alibi": 1.0, **dev},
+            "output_spread": spread}
+
+
+def _e04(*rounds):
+    return {"rounds": list(rounds) or [_e04_round()] * 3}
 
 
 def test_e04():
-    _check("e04_permutation", E04, SUPPORTED)
-    _check("e04_permutation", _with(E04, lambda m: m["max_deviation"].update(none=1e-2)), NOT_SUPPORTED)
-    _check("e04_permutation", _with(E04, lambda m: m["max_deviation"].update(rope=1e-5)), NOT_SUPPORTED)
-    _check("e04_permutation", _with(E04, lambda m: m["max_deviation"].update(learned=float("nan"))), INCONCLUSIVE)
+    assert _check("e04_permutation", _e04(), SUPPORTED).repeats == [SUPPORTED] * 3
+    _check("e04_permutation", _e04(*[_e04_round(none=1e-2)] * 3), NOT_SUPPORTED)
+    _check("e04_permutation", _e04(*[_e04_round(rope=1e-5)] * 3), NOT_SUPPORTED)
+    _check("e04_permutation", _e04(*[_e04_round(learned=float("nan"))] * 3), INCONCLUSIVE)
+    # a constant output is trivially equivariant: outside the regime
+    assert _check("e04_permutation", _e04(_e04_round(spread=1e-5)), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    out = _check("e04_permutation", _e04(_e04_round(), _e04_round(rope=1e-5), _e04_round()), INCONCLUSIVE)
+    assert out.qualifier == UNSTABLE
 
 
-# --- claim 5: extrapolation over seeds ----------------------------------------------------------------------------
-def _e05(rope, sin):
-    return {"ratio_4L_by_seed": {"rope": rope, "sinusoidal": sin}, "ratio_4L": {"alibi": 0.96, "rope+ntk": 1.6}}
+# --- claim 5: extrapolation, per seed, test lengths measured -------------------------------------------------------
+def _e05(rope, sin, test_len=512, at_L=4.0):
+    return {"ratio_4L_by_seed": {"rope": rope, "sinusoidal": sin}, "ratio_4L": {"alibi": 0.96, "rope+ntk": 1.6},
+            "seeds": list(range(len(rope))), "ppl_L_by_seed": {"rope": [at_L] * len(rope), "sinusoidal": [at_L] * len(sin)},
+            "unigram_ppl": 20.0, "trained_len_measured": 128, "test_len_measured": test_len}
 
 
 def test_e05():
-    _check("e05_extrapolation", _e05([3.0, 3.1, 2.9], [4.0, 4.2, 3.9]), SUPPORTED)
+    d = _check("e05_extrapolation", _e05([3.0, 3.1, 2.9], [4.0, 4.2, 3.9]), SUPPORTED)
+    assert d.repeats == [SUPPORTED] * 3 and all(c["met"] for c in d.regime)
     _check("e05_extrapolation", _e05([4.0, 4.2, 3.9], [3.0, 3.1, 2.9]), NOT_SUPPORTED)
-    _check("e05_extrapolation", _e05([3.0, 4.5, 3.3], [4.0, 3.2, 3.9]), INCONCLUSIVE)  # gap inside the seed spread
+    _check("e05_extrapolation", _e05([3.0, 3.1, 2.9], [3.1, 3.2, 3.0]), INCONCLUSIVE)  # within 10% on every seed
+    assert _check("e05_extrapolation", _e05([3.0, 4.5, 3.3], [4.0, 3.2, 3.9]), INCONCLUSIVE).qualifier == UNSTABLE
     d = _check("e05_extrapolation", _e05([3.0], [4.0]), SUPPORTED)  # quick scale: one seed, said so
     assert any("one seed" in r for r in d.reasons)
+    # outside the regime: tested at 2x the trained length, or a model that did not learn the text
+    for kw in ({"test_len": 256}, {"at_L": 25.0}):
+        out = _check("e05_extrapolation", _e05([3.0, 3.1, 2.9], [4.0, 4.2, 3.9], **kw), INCONCLUSIVE)
+        assert out.qualifier == REGIME_NOT_REACHED
 
 
-# --- claim 6: naive time and measured memory ------------------------------------------------------------------------
-E06 = {"exponents": {"naive": 1.95, "naive_fastest": 1.9, "naive_peak_bytes": 1.98, "sdpa": 1.7, "flash": 1.8},
-       "failed": [], "model_8k_to_128k": {"attention": 256.0, "mlp": 16.0}}
+# --- claim 6: naive time and measured memory, per round ------------------------------------------------------------
+def _e06_round(r=1, t=1.95, mem=1.98, peak=40.0, linear=0.001, calls=(0.05, 0.2, 0.8)):
+    return {"round": r, "fitted_lengths": [1024, 2048, 4096], "calls_s": list(calls), "time_exponent": t,
+            "peak_exponent": mem, "peak_bytes": peak, "input_bytes": 4.0, "median_s": calls[0], "linear_pass_s": linear}
+
+
+def _e06(*rounds, failed=()):
+    return {"rounds": list(rounds) or [_e06_round(r) for r in (1, 2, 3)], "failed": list(failed),
+            "exponents": {"naive": 1.95, "naive_peak_bytes": 1.98}, "model_8k_to_128k": {"attention": 256.0, "mlp": 16.0}}
 
 
 def test_e06():
-    d = _check("e06_quadratic", E06, SUPPORTED)
-    assert any(r.startswith("model (not in the verdict)") for r in d.reasons)
-    _check("e06_quadratic", _with(E06, lambda m: m["exponents"].update(naive=1.3, naive_fastest=1.2)), NOT_SUPPORTED)
-    _check("e06_quadratic", _with(E06, lambda m: m["exponents"].update(naive_peak_bytes=1.2)), NOT_SUPPORTED)
-    _check("e06_quadratic", _with(E06, lambda m: m["exponents"].update(naive=0.7)), INCONCLUSIVE)  # implausible
-    _check("e06_quadratic", _with(E06, lambda m: m["exponents"].update(naive_peak_bytes=0.3)), INCONCLUSIVE)
-    _check("e06_quadratic", _with(E06, lambda m: m["exponents"].update(naive_fastest=1.5)), INCONCLUSIVE)  # fits disagree
-    _check("e06_quadratic", _with(E06, lambda m: m.update(failed=["failed: killed"])), INCONCLUSIVE)
+    d = _check("e06_quadratic", _e06(), SUPPORTED)
+    assert d.repeats == [SUPPORTED] * 3 and any(r.startswith("model (not in the verdict)") for r in d.reasons)
+    _check("e06_quadratic", _e06(*[_e06_round(r, t=1.3) for r in (1, 2, 3)]), NOT_SUPPORTED)
+    _check("e06_quadratic", _e06(*[_e06_round(r, mem=1.2) for r in (1, 2, 3)]), NOT_SUPPORTED)
+    _check("e06_quadratic", _e06(*[_e06_round(r, t=0.7) for r in (1, 2, 3)]), INCONCLUSIVE)  # implausible
+    _check("e06_quadratic", _e06(*[_e06_round(r, mem=0.3) for r in (1, 2, 3)]), INCONCLUSIVE)
+    _check("e06_quadratic", _e06(failed=["failed: killed"]), INCONCLUSIVE)
     # the cost model's factor is not in the verdict
-    _check("e06_quadratic", _with(E06, lambda m: m["model_8k_to_128k"].update(attention=3.0)), SUPPORTED)
+    _check("e06_quadratic", _with(_e06(), lambda m: m["model_8k_to_128k"].update(attention=3.0)), SUPPORTED)
+    # outside the regime: memory not dominated by the scores, time by an O(n) pass, or calls under a millisecond
+    for kw in ({"peak": 8.0}, {"linear": 0.02}, {"calls": (1e-4, 4e-4, 1.6e-3)}):
+        out = _check("e06_quadratic", _e06(*[_e06_round(r, **kw) for r in (1, 2, 3)]), INCONCLUSIVE)
+        assert out.qualifier == REGIME_NOT_REACHED, kw
+    # rounds that disagree
+    out = _check("e06_quadratic", _e06(_e06_round(1), _e06_round(2, t=1.3), _e06_round(3)), INCONCLUSIVE)
+    assert out.qualifier == UNSTABLE
 
 
-# --- claim 7: MLP vs attention core -------------------------------------------------------------------------------
-def _e07(mlp, core):
-    rows = [{"n": n, "mlp_s": sum(mlp) / 2, "mlp_min_s": mlp[0], "mlp_max_s": mlp[1], "attention_core_s": sum(core) / 2,
-             "attention_core_min_s": core[0], "attention_core_max_s": core[1], "core_share_of_layer": 0.2}
-            for n in (256, 512, 1024, 2048)]
-    return {"rows": rows, "lengths": [256, 512, 1024, 2048], "measured_crossover": None, "analytic_crossover": 6143.0}
+# --- claim 7: MLP vs attention core, and the crossover the claim states ------------------------------------------
+def _e07_round(mlp, core, lens=(256, 512, 1024, 2048), late=None, r=1):
+    """``mlp``/``core``: (min, max) at every length; ``late``: (mlp, core) medians at the lengths >= 2,000."""
+    rows = []
+    for n in lens:
+        lo_m, hi_m = mlp if (late is None or n < 2000) else (late[0],) * 2
+        lo_c, hi_c = core if (late is None or n < 2000) else (late[1],) * 2
+        rows.append({"n": n, "mlp_s": (lo_m + hi_m) / 2, "mlp_min_s": lo_m, "mlp_max_s": hi_m,
+                     "attention_core_s": (lo_c + hi_c) / 2, "attention_core_min_s": lo_c, "attention_core_max_s": hi_c,
+                     "core_share_of_layer": 0.2})
+    return {"round": r, "rows": rows}
+
+
+def _e07(*rounds):
+    return {"rounds": list(rounds), "analytic_crossover": 6143.0}
 
 
 def test_e07():
-    _check("e07_ffn_share", _e07((2.0, 2.2), (1.0, 1.1)), SUPPORTED)
-    _check("e07_ffn_share", _e07((1.0, 1.1), (2.0, 2.2)), NOT_SUPPORTED)
-    _check("e07_ffn_share", _e07((1.0, 2.0), (1.5, 1.6)), INCONCLUSIVE)
+    e07 = importlib.import_module("attnlab.experiments.e07_ffn_share")
+    three = lambda **kw: _e07(*[_e07_round(r=r, **kw) for r in (1, 2, 3)])
+    d = _check("e07_ffn_share", three(mlp=(2.0, 2.2), core=(1.0, 1.1)), SUPPORTED)
+    assert d.repeats == [SUPPORTED] * 3 and all(c["met"] for c in d.regime)
+    _check("e07_ffn_share", three(mlp=(1.0, 1.1), core=(2.0, 2.2)), NOT_SUPPORTED)
+    _check("e07_ffn_share", three(mlp=(1.0, 2.0), core=(1.5, 1.6)), INCONCLUSIVE)
+    # the MLP slower below 2,000 but the core already slower at 2,048: crossover below 2,000, not "several thousand"
+    d = _check("e07_ffn_share", three(mlp=(2.0, 2.2), core=(1.0, 1.1), late=(1.0, 3.0)), NOT_SUPPORTED)
+    assert e07.crossover(_e07_round((2.0, 2.2), (1.0, 1.1), late=(1.0, 3.0))["rows"]) < 2000
+    # the crossover just past 2,000 passes, interpolated between 1,024 and 4,096
+    m = _e07_round((2.0, 2.2), (1.0, 1.1), lens=(256, 512, 1024, 4096), late=(1.0, 1.2))
+    assert 2000 <= e07.crossover(m["rows"]) < 4096 and e07.decide_one(m).verdict == SUPPORTED
+    # outside the regime: lengths that stop short of 2,000
+    out = _check("e07_ffn_share", _e07(_e07_round((2.0, 2.2), (1.0, 1.1), lens=(256, 512, 1024))), INCONCLUSIVE)
+    assert out.qualifier == REGIME_NOT_REACHED
+    out = _check("e07_ffn_share", _e07(_e07_round((2.0, 2.2), (1.0, 1.1)), _e07_round((1.0, 1.1), (2.0, 2.2), r=2)),
+                 INCONCLUSIVE)
+    assert out.qualifier == UNSTABLE
 
 
 # --- claim 8: remedies (owned elsewhere) --------------------------------------------------------------------------

@@ -89,22 +89,25 @@ def _rec(acc_top, acc_small=None, near=0.9, far=0.9, pairs=(4, 8)):
                      pairs[1]: [{"acc": a, "near": near, "far": far} for a in acc_top]}}
 
 
-def _e03(tr=(0.95, 0.93, 0.94), others=(0.5, 0.52, 0.49), grad_tr=0.5, grad_rnn=1e-4, far=0.9):
-    grads = {f: [1.0, grad_rnn] for f in e03.GRADIENT_FAMILIES}
-    grads["transformer"] = [1.0, grad_tr]
-    rec = {f: _rec(others) for f in e03.RECALL_FAMILIES["full"]}
-    rec["transformer"] = _rec(tr, far=far)
-    return {"grad_norms": grads, "recall": rec}
+def _e03():
+    """A fake claim-3 measurement (its verdicts are tested in test_decide.py)."""
+    grads = {f: [1.0, 1e-40] for f in e03.GRADIENT_FAMILIES}
+    grads["transformer"] = [1.0, 0.5]
+    rec = {f: {**_rec((0.5, 0.52, 0.49)), "lr_sweep": {3e-4: 0.5, 1e-3: 0.6, 3e-3: 0.55}, "best_lr": 1e-3}
+           for f in e03.RECALL_FAMILIES["full"]}
+    rec["transformer"] = {**_rec((0.95, 0.93, 0.94)), "lr_sweep": {3e-4: 0.5, 1e-3: 0.9, 3e-3: 0.55}, "best_lr": 1e-3}
+    return {"grad_norms_by_seed": [grads] * 3, "recall": rec}
 
 
-def test_claim_3_verdicts():
-    assert e03.decide(_e03()).verdict == SUPPORTED
-    assert e03.decide(_e03(grad_tr=0.01)).verdict == NOT_SUPPORTED  # the transformer's gradient decays too
-    assert e03.decide(_e03(grad_rnn=0.5)).verdict == NOT_SUPPORTED  # a recurrence keeps its gradient
-    assert e03.decide(_e03(tr=(0.4, 0.42, 0.41))).verdict == NOT_SUPPORTED  # the recurrences recall better
-    assert e03.decide(_e03(far=0.7)).verdict == NOT_SUPPORTED  # recall falls with distance
-    assert e03.decide(_e03(tr=(0.3, 0.2, 0.25), others=(0.2, 0.2, 0.2))).verdict == INCONCLUSIVE  # nobody learned
-    assert e03.decide(_e03(tr=(0.9, 0.6, 0.7), others=(0.7, 0.72, 0.68))).verdict == INCONCLUSIVE  # within the spread
+def test_a_sweep_is_extended_until_it_brackets_its_best_rate():
+    assert recall.next_rates({3e-4: 0.5, 1e-3: 0.6, 3e-3: 0.55}) == []  # bracketed
+    assert recall.next_rates({3e-4: 0.5, 1e-3: 0.6, 3e-3: 0.7}) == pytest.approx([9e-3])  # best at the top: go up
+    assert recall.next_rates({3e-4: 0.7, 1e-3: 0.6, 3e-3: 0.5}) == pytest.approx([9e-5])  # best at the bottom: one step (x1/3.3) down
+    assert recall.next_rates({1e-3: 0.9}) == []  # one rate: no sweep to extend
+    assert recall.bracketed({"0.0003": 0.5, "0.001": 0.6, "0.003": 0.55}, 1e-3)  # keys read back from JSON
+    assert not recall.bracketed({3e-4: 0.5, 1e-3: 0.6, 3e-3: 0.7}, 3e-3)
+    assert not recall.bracketed({1e-3: 0.9}, 1e-3)
+    assert recall.best_rate({3e-4: 1.0, 1e-3: 1.0, 3e-3: 0.5}) == 1e-3  # a tie: the one inside the sweep
 
 
 def _e08(tr=(0.95,), rem=(0.5,), exps=None):

@@ -6,6 +6,10 @@ ops: an op's output sits one step deeper than its deepest input. Views, reshapes
 (no tensor inputs) add no step. Dependencies are tracked per storage, so an in-place write (the KV
 cache) makes later readers of that buffer depend on the writer. This is the measured counterpart of
 the cost model's "sequential depth": a transformer's depth does not grow with T; an RNN's does.
+
+A fused recurrent kernel (torch's LSTM/GRU/RNN on oneDNN or cuDNN) dispatches as one op per layer, yet inside
+it runs one dependent step per token: it counts as that many steps (``recurrent_steps``), so the depth of a
+recurrence is O(T) whether it runs as a visible loop or as a fused kernel.
 """
 from __future__ import annotations
 
@@ -23,11 +27,38 @@ aten = torch.ops.aten
 _EXTRA = {aten._scaled_dot_product_flash_attention_for_cpu: flop_registry[aten._scaled_dot_product_flash_attention]}
 
 
+def _seq_len(x, batch_first: bool, batch_sizes) -> int:
+    """Tokens a fused recurrent kernel steps through: len(batch_sizes) for a packed input, else the time axis."""
+    return len(batch_sizes) if batch_sizes else int(x.shape[1] if batch_first and x.dim() == 3 else x.shape[0])
+
+
+# Fused recurrent kernels -> the dependent steps inside one call, from the op's schema: one per token per layer.
+# mkldnn_rnn_layer(input, w0..w3, hx, cx, reverse, batch_sizes, mode, hidden, num_layers, biases, bidir,
+# batch_first, train) runs one layer on a time-major input (torch transposes first, whatever batch_first says);
+# _cudnn_rnn(input, weight, stride, buf, hx, cx, mode, hidden, proj, num_layers, batch_first, dropout, train, bidir,
+# batch_sizes, state) runs num_layers; lstm/gru/rnn (input, hx, params, biases, num_layers, dropout, train, bidir,
+# batch_first) when a backend dispatches them whole.
+_RECURRENT = {
+    aten.mkldnn_rnn_layer: lambda a: _seq_len(a[0], False, a[8]),
+    aten._cudnn_rnn: lambda a: _seq_len(a[0], a[10], a[14]) * a[9],
+    **{op: (lambda a: _seq_len(a[0], a[8], None) * a[4]) for op in (aten.lstm, aten.gru, aten.rnn_tanh, aten.rnn_relu)},
+}
+
+
+def recurrent_steps(func, args) -> int:
+    """Dependent steps inside ``func`` when it is a fused recurrent kernel (its whole recurrence), else 0."""
+    steps = _RECURRENT.get(func._overloadpacket)
+    if steps is None or not isinstance(args[0], torch.Tensor):  # lstm.data's first argument is packed data
+        return 0
+    return int(steps(args))
+
+
 @dataclass
 class TraceResult:
     flops: int = 0
     depth: int = 0
     ops: int = 0
+    recurrent_steps: int = 0  # dependent steps counted inside fused recurrent kernels (each a single op)
     flops_by_op: Counter = field(default_factory=Counter)
     ops_by_name: Counter = field(default_factory=Counter)
 
@@ -38,7 +69,7 @@ class TraceResult:
                                                  "_mkl_linear"))
 
     def to_dict(self) -> dict:
-        return {"flops": self.flops, "depth": self.depth, "ops": self.ops,
+        return {"flops": self.flops, "depth": self.depth, "ops": self.ops, "recurrent_steps": self.recurrent_steps,
                 "flops_by_op": {str(k): v for k, v in self.flops_by_op.most_common()},
                 "ops_by_name": dict(self.ops_by_name.most_common())}
 
@@ -70,7 +101,8 @@ class WorkDepthTracer(TorchDispatchMode):
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         d_in = max((self._depth.get(self._key(t), 0) for t in inputs), default=0)
         compute = bool(inputs) and not func.is_view and func._overloadpacket not in (aten.detach, aten.alias)
-        d_out = d_in + 1 if compute else d_in
+        inner = recurrent_steps(func, args) if compute else 0
+        d_out = d_in + max(1, inner) if compute else d_in
         for o in tree_leaves(out):
             if isinstance(o, torch.Tensor):
                 k = self._key(o)
@@ -79,6 +111,7 @@ class WorkDepthTracer(TorchDispatchMode):
         if compute:
             r = self.result
             r.ops += 1
+            r.recurrent_steps += inner
             r.ops_by_name[func._overloadpacket.__name__] += 1
             r.depth = max(r.depth, d_out)
             formula = flop_registry.get(func._overloadpacket) or _EXTRA.get(func._overloadpacket)

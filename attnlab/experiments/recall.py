@@ -8,8 +8,10 @@ on validation data, equal heads and parameter budgets. This module does that at 
   among irrelevant filler tokens, queries back to back after the context, a mixture of pair counts;
 - every family at the transformer's parameter count within +-10% (width searched per family), the same
   number of heads for every attention-type mixer, the same steps, batch and data;
-- each learning rate of ``Setup.lrs`` trained on seed 0 and scored on a validation draw; the best one is
-  trained on the other seeds; test accuracy per number of pairs on a third draw (Zoology's curve).
+- each learning rate of ``Setup.lrs`` trained on seed 0 and scored on a validation draw; when the best is at an
+  end of the sweep, the sweep is extended past that end (up to ``MAX_EXTEND`` more rates, ``next_rates``) so the
+  best rate is bracketed; the best one is trained on the other seeds; test accuracy per number of pairs on a third
+  draw (Zoology's curve).
 
 The training recipe below (untied embeddings, init std 0.07, Adam beta2 0.999, no clipping, constant rate
 after warm-up) is what let a 2-layer transformer form its induction circuit in a few hundred steps: with
@@ -72,6 +74,7 @@ SETUPS = {
 }
 
 VALIDATION_SEED, TEST_SEED = 7, 99
+MAX_EXTEND = 2  # rates added past an end of the sweep, at most, per family
 
 # A change of method that claims 3 and 8 both record (their CHANGES list it): the SSM they train is this one.
 SSM_INIT_CHANGE = {
@@ -160,6 +163,11 @@ def _run_jobs(jobs: list, setup: Setup, device: str, workers: int) -> dict:
     return out
 
 
+def _validation(model, setup: Setup, device: str) -> float:
+    """Mean validation accuracy over the test pair counts: what the sweep ranks learning rates by."""
+    return sum(accuracy(model, setup, p, VALIDATION_SEED, device)["acc"] for p in setup.test_pairs) / len(setup.test_pairs)
+
+
 def prefetch(names, scale: str, device: str, workers: int | None = None) -> None:
     """Train every family of ``names`` not yet cached: the learning-rate sweep of all of them first, then the
     extra seeds at each one's best rate, so independent runs can share the cores (see ``_run_jobs``)."""
@@ -171,22 +179,57 @@ def prefetch(names, scale: str, device: str, workers: int | None = None) -> None
     # Longest first (the recurrent-state families loop over T), so the last job to start is a short one.
     order = sorted(names, key=lambda n: n not in ("ssm", "gru", "sliding", "linear"))
     sweep = _run_jobs([(n, lr, 0) for n in order for lr in setup.lrs], setup, device, workers)
-    val, best = {}, {}
-    for n in names:
-        val[n] = {lr: sum(accuracy(sweep[(n, lr, 0)], setup, p, VALIDATION_SEED, device)["acc"]
-                          for p in setup.test_pairs) / len(setup.test_pairs) for lr in setup.lrs}
-        best[n] = max(setup.lrs, key=lambda lr: val[n][lr])
+    val = {n: {lr: _validation(sweep[(n, lr, 0)], setup, device) for lr in setup.lrs} for n in names}
+    for _ in range(MAX_EXTEND):  # a best rate at an end of the sweep may only be the best of too narrow a sweep
+        extra = [(n, lr, 0) for n in order for lr in next_rates(val[n])]
+        if not extra:
+            break
+        sweep.update(_run_jobs(extra, setup, device, workers))
+        for n, lr, _seed in extra:
+            val[n][lr] = _validation(sweep[(n, lr, 0)], setup, device)
+    best = {n: best_rate(val[n]) for n in names}
     more = _run_jobs([(n, best[n], s) for n in order for s in range(1, setup.seeds)], setup, device, workers)
     for n in names:
         cfg = matched_config(n, setup)
         seeds = [sweep[(n, best[n], 0)]] + [more[(n, best[n], s)] for s in range(1, setup.seeds)]
         test = {p: [accuracy(m, setup, p, TEST_SEED, device) for m in seeds] for p in setup.test_pairs}
         _CACHE[(n, scale, str(device))] = {"params": n_params(seeds[0]), "dim": cfg.dim, "lr_sweep": val[n],
-                                           "best_lr": best[n], "models": seeds, "test": test, "config": asdict(cfg)}
+                                           "best_lr": best[n], "lr_bracketed": bracketed(val[n], best[n]),
+                                           "models": seeds, "test": test, "config": asdict(cfg)}
+
+
+def best_rate(val: dict) -> float:
+    """The rate of ``val`` ({lr: validation accuracy}) with the best accuracy; among equal ones, one inside the sweep."""
+    rates = sorted(val, key=float)
+    return max(rates, key=lambda lr: (val[lr], float(rates[0]) < float(lr) < float(rates[-1])))
+
+
+def bracketed(val: dict, best=None) -> bool:
+    """Is the best rate strictly inside a sweep of >= 3 rates (so it is not the best only for want of a wider sweep)?
+    ``val``'s keys may be strings (read back from results.json)."""
+    rates = sorted(float(k) for k in val)
+    best = float(best_rate(val) if best is None else best)
+    return len(rates) >= 3 and rates[0] < best < rates[-1]
+
+
+def next_rates(val: dict) -> list:
+    """The rate to try next when the best of ``val`` ({lr: validation accuracy}, >= 2 rates) is at an end of the
+    sweep: one more step past that end, the step being the ratio of the two rates at that end; [] when the best
+    is inside the sweep (bracketed), or with fewer than 2 rates (no sweep to extend)."""
+    rates = sorted(val)
+    if len(rates) < 2:
+        return []
+    best = best_rate(val)
+    if best == rates[0]:
+        return [rates[0] * rates[0] / rates[1]]
+    if best == rates[-1]:
+        return [rates[-1] * rates[-1] / rates[-2]]
+    return []
 
 
 def trained(name: str, scale: str, device: str) -> dict:
-    """Sweep, pick, retrain on more seeds, test: {"params", "dim", "lr_sweep", "best_lr", "models", "test"}.
+    """Sweep, pick, retrain on more seeds, test: {"params", "dim", "lr_sweep", "best_lr", "lr_bracketed", "models",
+    "test"}.
     test[pairs] = one accuracy dict per seed. Cached for the run, so claims share the same models."""
     prefetch([name], scale, device)
     return _CACHE[(name, scale, str(device))]
