@@ -55,7 +55,7 @@ def cost_validate(args) -> int:
     _print_run(res, seed, args.seed is not None)
     print(f"results: {path}; took {duration_s:.0f} s")
     m = summary["machines"][line["machine"]]
-    print(f"appended to {args.runs}: {summary['runs']} runs recorded, {summary['met']} met the goal; on this machine "
+    print(f"appended to {args.runs}: {summary['runs']} run(s) recorded, {summary['met']} met the goal; on this machine "
           f"{m['met']} of {m['runs']} (`attnlab cost --validate-summary` for the rule over the last runs)")
     if line["git"] is None or line["git"]["dirty"] is not False:
         print("this run's tree was not clean (or not a git checkout): logged, but not counted in the rule")
@@ -113,7 +113,7 @@ def cost_validate_summary(args) -> int:
         print(json.dumps({**summary, "this_machine": here, "readme": log.readme_line(summary)}))
         return 0
     rate = f" ({summary['pass_rate']:.0%})" if summary["runs"] else ""
-    print(f"{args.runs}: {summary['runs']} runs recorded, {summary['met']} met the goal{rate}")
+    print(f"{args.runs}: {summary['runs']} run(s) recorded, {summary['met']} met the goal{rate}")
     for key, m in summary["machines"].items():
         mark = " <- this machine" if key == here else ""
         print(f"\n{key}{mark}: {m['met']} of {m['runs']} met; a run took {m['median_duration_s']:.0f} s (median)")

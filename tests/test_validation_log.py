@@ -101,7 +101,7 @@ def test_summary_command_prints_the_rule_and_the_readme_line(tmp_path, capsys):
         log.append(path, run(met, here))
     assert cost_validate_summary(Namespace(runs=str(path), threads=None, json=False)) == 0
     text = capsys.readouterr().out
-    assert "5 runs recorded, 4 met the goal (80%)" in text and "<- this machine" in text
+    assert "5 run(s) recorded, 4 met the goal (80%)" in text and "<- this machine" in text
     assert "goal in 4 of the last 5 counted runs (fresh seed, clean tree): met" in text
     assert text.strip().endswith(log.readme_line(log.summarize_runs(log.load(path))))
     assert cost_validate_summary(Namespace(runs=str(path), threads=None, json=True)) == 0
