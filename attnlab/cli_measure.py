@@ -3,7 +3,6 @@ lives in cli_report.py."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -30,71 +29,18 @@ def _fmt(n: float, unit: str = "") -> str:
     return f"{n:.0f} {unit}".rstrip()
 
 
-def _cost_validate(args) -> int:
-    """``attnlab cost --validate``: the held-out check of the cost model on this machine (cost.validate)."""
-    import statistics
-
-    from attnlab.cost.validate import validate
-
-    set_threads(args.threads or 1)  # one thread unless asked: then the clock is CPU time (see cost.validate)
-    res = validate(progress=lambda text: print(f"attnlab cost --validate: {text}", file=sys.stderr))
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(res, indent=1) + "\n")
-    s = res["summary"]
-    if args.json:
-        keys = ("case", "dtype", "phase", "predicted_s", "measured_s", "error", "measured_wall_s", "measured_cpu_s",
-                "predicted_by_calibration_s", "predicted_unpaced_s", "error_unpaced", "pace", "parts")
-        print(json.dumps({"rows": [{k: r[k] for k in keys} for r in res["rows"]], "summary": s,
-                          "summary_unpaced": res["summary_unpaced"],
-                          "skipped": res["skipped"], "clock": res["clock"], "threads": res["threads"],
-                          "calibration_shapes": res["calibration_shapes"], "results": str(path)}))
-        return 0
-    c = res["calibration_shapes"]
-    p = c["probe"]
-    print("calibration (micro-benchmarks only, at shapes no case below uses):")
-    print(f"  matmul   W x 3W, W x W, W x 4W, 4W x W for W in {c['widths']}: prefill rows {c['prefill_rows']}; "
-          f"decode rows {c['decode_rows']} over {c['working_sets_mib'][0]}-{c['working_sets_mib'][-1]} MiB of weights")
-    print(f"  attention {c['attention_heads']} heads, head_dim {c['attention_head_dims']}: causal T "
-          f"{c['attention_tokens']}; one query over S {c['attention_keys']} keys")
-    print(f"  elementwise layer mix on rows {c['elementwise_rows']} x W;  overhead probe: dim {p['dim']}, "
-          f"{p['layers']} layers, {p['batch']} sequences, prompt {p['prompt']}")
-    print(f"  run {len(res['calibrations'])} times, before, between and after the cases; each case predicted from "
-          "the two around it, at the pace a 150 ms pulse saw beside it")
-    print(f"\n{'case':30s} {'phase':8s} {'predicted':>11s} {'measured':>11s} {'error':>8s}  calibrations differ")
-    for r in res["rows"]:
-        each = r["predicted_by_calibration_s"]
-        print(f"{r['case']:30s} {r['phase']:8s} {r['predicted_s'] * 1e3:9.2f}ms {r['measured_s'] * 1e3:9.2f}ms "
-              f"{r['error']:+8.1%}  {max(each) / min(each) - 1:6.0%}")
-    a = s["all"]
-    by = ", ".join(f"{ph} {s[ph]['median']:.1%} / {s[ph]['worst']:.1%}" for ph in ("prefill", "decode") if ph in s)
-    print(f"\n|error| median {a['median']:.1%}, worst {a['worst']:.1%} over {a['n']} ({by}); goal median <= "
-          f"{s['goal']['median']:.0%}, worst <= {s['goal']['worst']:.0%}: {'met' if s['met'] else 'NOT met'}")
-    u = res["summary_unpaced"]["all"]
-    print(f"without scaling to the pace the pulse saw beside each case: median {u['median']:.1%}, "
-          f"worst {u['worst']:.1%}")
-    ratio = statistics.median(r["measured_wall_s"] / r["measured_cpu_s"] for r in res["rows"])
-    if res["clock"] == "cpu":
-        print(f"clock: CPU time of the one-thread engine process (its wall time on an idle core); its wall time was "
-              f"{ratio:.2f}x that here (load average {res['context']['load_average_end'][0]:.1f} on "
-              f"{os.cpu_count()} cores)")
-    else:
-        print(f"clock: wall time, {res['threads']} threads")
-    for sk in res["skipped"]:
-        print(f"skipped {sk['case']}: {sk['why']}")
-    print(f"results: {path}")
-    return 0
-
-
 def cmd_cost(args) -> int:
     from attnlab.cost import Workload, compare, estimate, resolve
     from attnlab.cost import hardware
 
-    if args.validate:
-        return _cost_validate(args)
+    if args.validate or args.validate_summary:
+        from attnlab.cli_cost_validate import cost_validate, cost_validate_summary
+
+        return cost_validate(args) if args.validate else cost_validate_summary(args)
     set_threads(args.threads)
     if args.model is None:
-        raise AttnlabError("give a MODEL (preset, checkpoint folder or config.json), or --validate")
+        raise AttnlabError("give a MODEL (preset, checkpoint folder or config.json), or --validate, or "
+                           "--validate-summary")
     arch = resolve(args.model)
     if args.compare:
         short, long = args.compare
@@ -335,10 +281,16 @@ def add_measure_commands(sub) -> None:
     p.add_argument("--allow-beyond-context", action="store_true")
     p.add_argument("--compare", nargs=2, type=int, metavar=("SHORT", "LONG"), help="growth of each part")
     p.add_argument("--validate", action="store_true",
-                   help="predicted vs measured on this machine, on held-out models (a few minutes; one thread unless "
-                        "--threads)")
+                   help="predicted vs measured on this machine, on models drawn afresh from a stated space (a few "
+                        "minutes; one thread unless --threads); the run is appended to --runs, met or not")
+    p.add_argument("--seed", type=int, help="with --validate: draw the cases of an earlier run again (default: a fresh "
+                                            "seed, recorded; a given seed's run is logged but not counted in the rule)")
+    p.add_argument("--validate-summary", action="store_true",
+                   help="the pass rate over every recorded validation run, and the last runs on this machine")
+    p.add_argument("--runs", default="benchmarks/results/cost_validate_runs.jsonl",
+                   help="the append-only log of validation runs (one JSON line each)")
     p.add_argument("--out", default="benchmarks/results/cost_validate.json",
-                   help="with --validate: where the results JSON goes")
+                   help="with --validate: where the latest run's full results JSON goes")
     p.add_argument("--refresh", action="store_true", help="re-measure the local hardware spec")
     p.add_argument("--devices", type=int, help="price the run on N devices (memory per device, TTFT/TPOT with communication)")
     p.add_argument("--parallel", default="tensor", choices=("tensor", "sequence", "pipeline"),

@@ -182,8 +182,10 @@ def check_dtype(name: str, device: str | torch.device = "cpu") -> str | None:
     return message
 
 
-def code_version() -> dict | None:
-    """The git commit of the attnlab code running now and whether its tracked files had uncommitted changes.
+def code_version(ignore: tuple[str, ...] = ()) -> dict | None:
+    """The git commit of the attnlab code running now and whether its tracked files had uncommitted changes,
+    leaving out the folders in ``ignore`` (paths from the repository's top: a benchmark's own results folder, which
+    its earlier runs have just written).
 
     Why: a result is only evidence if it can be traced to the code that produced it. None when the package is
     not in a git checkout (an installed wheel) or git is missing or slow; this never fails the caller.
@@ -200,7 +202,7 @@ def code_version() -> dict | None:
     commit = git("rev-parse", "HEAD")
     if not commit:
         return None
-    status = git("status", "--porcelain", "--untracked-files=no")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ":/", *(f":(top,exclude){p}" for p in ignore))
     # status None (git failed halfway): unknown, recorded as None rather than guessed clean
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
 

@@ -1,5 +1,5 @@
 """The cost model on this machine: the calibration micro-benchmarks (at tiny shapes), the held-out validation's
-arithmetic and table, the engine's timing of TTFT and decode, and a calibration cancelled midway."""
+case draw, arithmetic, table and log, the engine's timing of TTFT and decode, and a calibration cancelled midway."""
 import json
 import threading
 
@@ -55,13 +55,15 @@ def test_local_hardware_is_measured_and_cached(tiny_calibration):
 
 def test_calibration_shapes_are_disjoint_from_the_validation_cases():
     from attnlab.cost import calibrate
-    from attnlab.cost.validate import CASES, _case, case_shapes, check_disjoint
+    from attnlab.cost.validate import _case, case_shapes, check_disjoint, draw_cases
 
     calibration = calibrate.shapes()
     assert len(calibration) > 50
-    for case in CASES:
-        assert not case_shapes(case) & calibration, case.name
-    check_disjoint(CASES)
+    for seed in range(20):
+        cases = draw_cases(seed, ("fp32", "bf16"))
+        for case in cases:
+            assert not case_shapes(case) & calibration, case.name
+        check_disjoint(cases)
     # a case that runs a calibration shape is refused: 48 rows through W = 320 matrices, the prefill table's
     with pytest.raises(ValueError, match="shares shapes with the calibration"):
         check_disjoint([_case(320, 2, 4, 48, 1)])
@@ -69,15 +71,32 @@ def test_calibration_shapes_are_disjoint_from_the_validation_cases():
         check_disjoint([_case(16, 1, 2, 100, 1)])
 
 
-def test_validation_cases_span_the_issue_ranges():
-    from attnlab.cost.validate import CASES
+def test_validation_cases_are_drawn_from_the_stated_space_by_the_seed():
+    """The same seed draws the same cases; another seed others; every case lies in SPACE and its budgets, the dtypes
+    in turn; over many seeds the draws reach across the space's ranges."""
+    from attnlab.cost.validate import N_CASES, SPACE, _case, draw_cases, in_space, prefill_flops
 
-    assert len(CASES) >= 8 and len({c.name for c in CASES}) == len(CASES)
-    assert min(c.dim for c in CASES) == 128 and max(c.dim for c in CASES) == 1024
-    assert min(c.n_layers for c in CASES) == 2 and max(c.n_layers for c in CASES) == 12
-    assert min(c.prompt for c in CASES) == 64 and max(c.prompt for c in CASES) == 2048
-    assert min(c.batch for c in CASES) == 1 and max(c.batch for c in CASES) == 8
-    assert {c.dtype for c in CASES} == {"fp32", "bf16"}
+    both = ("fp32", "bf16")
+    assert draw_cases(7, both) == draw_cases(7, both)
+    draws = [draw_cases(seed, both) for seed in range(200)]
+    assert len({tuple(d) for d in draws}) == len(draws)  # no two seeds drew the same set
+    cases = [c for d in draws for c in d]
+    assert all(len(d) == N_CASES and len({c.name for c in d}) == N_CASES for d in draws)
+    for c in cases:
+        assert in_space(c) and prefill_flops(c) <= SPACE["max_prefill_flops"], c.name
+        assert c.dim % SPACE["dim"][2] == 0 and c.dim // c.n_heads in SPACE["head_dim"]
+    assert all([c.dtype for c in d] == ["fp32", "bf16"] * (N_CASES // 2) for d in draws)
+    assert {c.dtype for c in draw_cases(3)} == {"fp32"}  # a machine that only emulates bf16 draws fp32 alone
+    # the draws cover the space: each range's ends nearly reached, both vocabularies, every batch and depth
+    lo, hi, _ = SPACE["dim"]
+    assert min(c.dim for c in cases) == lo and max(c.dim for c in cases) == hi
+    assert {c.n_layers for c in cases} == set(range(SPACE["n_layers"][0], SPACE["n_layers"][1] + 1))
+    assert {c.batch for c in cases} == set(range(SPACE["batch"][0], SPACE["batch"][1] + 1))
+    assert min(c.prompt for c in cases) < 70 and max(c.prompt for c in cases) > 1800
+    assert {c.vocab_size for c in cases} == set(SPACE["vocab_sizes"])
+    # outside the space: a width off the grid, a head width not listed, a budget exceeded
+    assert not in_space(_case(100, 2, 2, 64, 1)) and not in_space(_case(256, 2, 2, 64, 1))
+    assert not in_space(_case(1024, 12, 16, 2048, 8))
 
 
 def test_error_arithmetic_and_summary():
@@ -148,11 +167,13 @@ def test_cpu_prediction_is_the_sum_of_its_parts(monkeypatch):
 
 def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, capsys):
     """The whole --validate path on made-up figures (no timing): calibrations around the cases, one row per case
-    and phase with error = predicted / measured - 1, the pace scaling, the summary, the JSON file and the table."""
+    and phase with error = predicted / measured - 1, the pace scaling, the summary, the JSON file and the table;
+    each run, and a run that fails midway, appended to the log as one line without touching the lines before."""
     from argparse import Namespace
 
-    from attnlab.cli_measure import _cost_validate
+    from attnlab.cli_cost_validate import cost_validate
     from attnlab.cost import validate as v
+    from attnlab.cost import validation_log
 
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
     even = {"fp32": 1e-3, "memory": 1e-2, "dispatch": 1e-4}
@@ -160,7 +181,8 @@ def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, caps
     monkeypatch.setattr(hardware, "calibrate", lambda dtypes=None, modules=None: hardware.Hardware(
         "local", {"fp32": 1e11}, 1e10, 1e10, 1e-5, "test", micro=micro))
     cases = (v._case(128, 2, 4, 64, 1), v._case(256, 3, 4, 100, 2), v._case(128, 2, 4, 64, 1, "bf16"))
-    monkeypatch.setattr(v, "CASES", cases)
+    drawn = []
+    monkeypatch.setattr(v, "draw_cases", lambda seed, dtypes: drawn.append((seed, dtypes)) or list(cases))
     monkeypatch.setattr("attnlab.runtime.fast_dtypes", lambda device="cpu": ("fp32",))
     slow_fp32 = {**even, "fp32": 2e-3}  # matrix arithmetic ran at half the calibration's pace beside the cases
     measured = {"wall": {"ttft": 0.02, "decode": 0.004}, "cpu": {"ttft": 0.01, "decode": 0.002},
@@ -168,12 +190,14 @@ def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, caps
                 "pulse": {"wall": slow_fp32, "cpu": slow_fp32}}
     monkeypatch.setattr(v, "_measure_in_child", lambda case, repeats, threads: measured)
     monkeypatch.setattr(v, "GROUP", 1)
-    out = tmp_path / "res.json"
-    assert _cost_validate(Namespace(threads=1, out=str(out), json=False)) == 0
+    out, runs = tmp_path / "res.json", tmp_path / "runs.jsonl"
+    args = dict(threads=1, out=str(out), runs=str(runs), seed=None)
+    assert cost_validate(Namespace(**args, json=False)) == 0
+    assert drawn[0][1] == ("fp32",) and isinstance(drawn[0][0], int)  # a fresh seed; the dtypes this CPU runs
     text = capsys.readouterr().out
     res = json.loads(out.read_text())
     assert len(res["rows"]) == 4 and res["clock"] == "cpu" and len(res["calibrations"]) == 3  # groups of one case
-    assert [s["case"] for s in res["skipped"]] == ["d128-L2-T64-B1-bf16"]  # bf16 is "emulated" here
+    assert [s["case"] for s in res["skipped"]] == ["d128-H4-L2-T64-B1-bf16"]  # bf16 is "emulated" here
     for r in res["rows"]:
         assert r["measured_s"] == measured["cpu"]["ttft" if r["phase"] == "prefill" else "decode"]
         assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
@@ -183,12 +207,33 @@ def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, caps
             assert r["predicted_s"] == pytest.approx(r["predicted_unpaced_s"] + (p["linear"] + p["attention"]
                                                                                  + p["elementwise"]) / 2)
     assert res["summary"]["all"]["n"] == 4
-    assert "predicted" in text and "d256-L3-T100-B2-fp32" in text and "goal median <= 15%" in text
-    assert "skipped d128-L2-T64-B1-bf16" in text and "W x 3W" in text
-    assert res["context"]["cpu_capability"] and "onednn_bf16" in res["context"]
-    assert _cost_validate(Namespace(threads=1, out=str(out), json=True)) == 0
+    assert "predicted" in text and "d256-H4-L3-T100-B2-fp32" in text and "goal median <= 15%" in text
+    assert "skipped d128-H4-L2-T64-B1-bf16" in text and "W x 3W" in text and f"seed {drawn[0][0]}" in text
+    assert res["context"]["cpu_capability"] and "onednn_bf16" in res["context"] and res["seed"] == drawn[0][0]
+    first = runs.read_bytes()
+    [line] = validation_log.load(runs)
+    assert line["seed"] == drawn[0][0] and line["seed_given"] is False and line["git"] == res["context"]["git"]
+    assert [c["name"] for c in line["cases"]] == [c.name for c in cases[:2]]  # the skipped case has no figures
+    for c in line["cases"]:
+        for phase in ("prefill", "decode"):
+            row = next(r for r in res["rows"] if r["case"] == c["name"] and r["phase"] == phase)
+            assert c[phase] == {k: row[k] for k in ("predicted_s", "measured_s", "error")}
+    a = res["summary"]["all"]
+    assert (line["median"], line["worst"], line["met"]) == (a["median"], a["worst"], res["summary"]["met"])
+    assert line["goal"] == v.GOAL and line["machine"] and line["duration_s"] >= 0
+    assert cost_validate(Namespace(**{**args, "seed": 5}, json=True)) == 0  # a given seed: logged as given
     printed = json.loads(capsys.readouterr().out)
-    assert printed["summary"]["all"]["n"] == 4 and len(printed["rows"]) == 4
+    assert printed["summary"]["all"]["n"] == 4 and len(printed["rows"]) == 4 and printed["seed"] == 5
+    assert printed["runs"]["runs"] == 2 and drawn[1][0] == 5
+    assert runs.read_bytes().startswith(first)  # appended: the first line is untouched
+    assert [r["seed_given"] for r in validation_log.load(runs)] == [False, True]
+    monkeypatch.setattr(v, "_measure_in_child", lambda case, repeats, threads: (_ for _ in ()).throw(
+        RuntimeError("timing d128 failed: killed")))
+    with pytest.raises(RuntimeError, match="killed"):
+        cost_validate(Namespace(**args, json=False))
+    failed = validation_log.load(runs)[-1]
+    assert len(validation_log.load(runs)) == 3 and failed["met"] is False and "killed" in failed["error"]
+    assert failed["median"] is None and runs.read_bytes().startswith(first)
     from attnlab.cost.calibrate import CALIBRATION
     assert printed["calibration_shapes"]["widths"] == list(CALIBRATION["widths"])
 
