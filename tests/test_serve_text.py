@@ -41,6 +41,20 @@ def test_stop_strings_are_held_back_and_cut(bpe):
     assert stream.push(-1, True) == ""
 
 
+def test_stop_matching_reads_only_the_unsent_tail(bpe):
+    """Each token's work is bounded by the stop strings' length, not by the text so far: what is held back never
+    grows past the longest stop plus one token's text, however long the answer."""
+    ids = bpe.encode(TEXT) * 20
+    stops = ["\nUser:", "never appears here"]
+    stream = TextStream(bpe, stops)
+    shown, held = "", 0
+    for t in ids:
+        shown += stream.push(t, False)
+        held = max(held, len(stream.pending))
+    shown += stream.push(-1, True)
+    assert shown == bpe.decode_text(ids) and held <= max(map(len, stops)) + 16
+
+
 @pytest.mark.parametrize("body,param", [
     ({"prompt": "x", "max_tokens": 2.0}, "max_tokens"), ({"prompt": "x", "max_tokens": False}, "max_tokens"),
     ({"prompt": "x", "logprobs": 6}, "logprobs"), ({"prompt": "x", "echo": True}, "echo"),

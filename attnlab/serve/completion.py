@@ -51,37 +51,40 @@ class TextStream:
 
     def __init__(self, tokenizer, stops: list[str]):
         self.tokenizer, self.stops = tokenizer, stops
-        self.longest_stop = max((len(s) for s in stops), default=0)
         self.ids: list[int] = []
-        self.text = ""  # decoded so far (complete characters only, until the end)
-        self._prefix = self._read = 0  # ids[_prefix:_read] is the context whose text is already in self.text
-        self.sent = ""
+        self._prefix = self._read = 0  # ids[_prefix:_read] is the context whose text is already decoded
+        self.pending = ""  # decoded but not yet sent: held back while it could begin a stop string
+        self.sent_chars = 0
         self.stopped = False
 
-    def _decode_new(self, final: bool) -> None:
+    def _decode_new(self, final: bool) -> str:
         ids, decode = self.ids, self.tokenizer.decode_text
         before = decode(ids[self._prefix:self._read])
         after = decode(ids[self._prefix:])
         if len(after) > len(before) and (final or not after.endswith("\ufffd")):  # wait for a split character
-            self.text += after[len(before):]
             self._prefix, self._read = self._read, len(ids)
+            return after[len(before):]
+        return ""
 
     def push(self, token: int, final: bool) -> str:
+        """The text this token makes safe to send. Only the unsent tail is searched: a stop string never begins
+        inside text already sent, because any tail that could begin one is held back."""
         if self.tokenizer is None or self.stopped:
             return ""
         if token >= 0:
             self.ids.append(token)
         if token >= 0 or (final and self._read < len(self.ids)):
-            self._decode_new(final)
-        text = self.text
-        start = max(0, len(self.sent) - self.longest_stop)  # a stop cannot begin inside text already sent
-        cut = min((i for i in (text.find(s, start) for s in self.stops) if i >= 0), default=-1)
+            self.pending += self._decode_new(final)
+        text = self.pending
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
-            text, final, self.stopped = text[:cut], True, True
-        if not final:
-            text = text[:len(text) - self._stop_prefix(text)]
-        delta = text[len(self.sent):] if len(text) > len(self.sent) else ""
-        self.sent += delta
+            delta, self.pending, self.stopped = text[:cut], "", True
+        elif final:
+            delta, self.pending = text, ""
+        else:
+            keep = self._stop_prefix(text)
+            delta, self.pending = text[:len(text) - keep], text[len(text) - keep:]
+        self.sent_chars += len(delta)
         return delta
 
     def _stop_prefix(self, text: str) -> int:
@@ -93,7 +96,6 @@ class TextStream:
                     best = n
                     break
         return best
-
 
 def token_text(tokenizer, token: int) -> str:
     return tokenizer.decode_text([token]) if tokenizer is not None else f"token_id:{token}"
