@@ -45,7 +45,7 @@ def test_stop_matching_reads_only_the_unsent_tail(bpe):
     """Each token's work is bounded by the stop strings' length, not by the text so far: what is held back never
     grows past the longest stop plus one token's text, however long the answer."""
     ids = bpe.encode(TEXT) * 20
-    stops = ["\nUser:", "never appears here"]
+    stops = ["\nSystem:", "never appears here"]
     stream = TextStream(bpe, stops)
     shown, held = "", 0
     for t in ids:
