@@ -230,17 +230,19 @@ def host_speed(n: int = 1024, repeats: int = 9) -> dict:
             "n": n, "threads": torch.get_num_threads()}
 
 
-def memory_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
-    """Best-of read bandwidth (bytes/s) of a large fp32 sum, at the threads in force: what a step that streams
-    its weights once can reach (batch-1 decode: time per token >= weight bytes / this)."""
+def memory_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 5, device: str | torch.device = "cpu") -> float:
+    """Best-of read bandwidth (bytes/s) of a large fp32 sum on ``device``, at the threads in force: what a step that
+    streams its weights once can reach (batch-1 decode: time per token >= weight bytes / this)."""
     import time
 
-    x = torch.ones(n_bytes // 4)
+    x = torch.ones(n_bytes // 4, device=device)
     x.sum()
+    synchronize(device)
     best = 0.0
     for _ in range(repeats):
         t = time.perf_counter()
         x.sum()
+        synchronize(device)
         best = max(best, n_bytes / (time.perf_counter() - t))
     return best
 
