@@ -80,7 +80,8 @@ GOOD, BREAK_EVEN = 1.2, 1.0  # the THRESHOLD above, as numbers
 SETUPS = {
     "quick": dict(target=ModelConfig(dim=192, n_layers=4, n_heads=4, max_seq_len=256), steps=30, samples=32,
                   drafts={"d64x1": ModelConfig(dim=64, n_layers=1, n_heads=2, max_seq_len=256)}, draft_steps=40,
-                  ks=(2, 4), prompt_len=64, sample_new=48, new=32, tuning=1, held_out=2, rounds=2, seq_len=128, batch=16),
+                  ks=(2, 4), prompt_len=64, sample_new=48, new=32, tuning=1, held_out=2, rounds=2, seq_len=128,
+                  batch=16),
     "full": dict(target=ModelConfig(dim=768, n_layers=8, n_heads=12, max_seq_len=512), steps=300, samples=256,
                  drafts={"d128x1": ModelConfig(dim=128, n_layers=1, n_heads=2, max_seq_len=512),
                          "d192x2": ModelConfig(dim=192, n_layers=2, n_heads=3, max_seq_len=512)}, draft_steps=400,
@@ -96,7 +97,7 @@ def _teacher_logits(model, samples: torch.Tensor, chunk: int = 16) -> torch.Tens
                           for i in range(0, len(samples), chunk)])
 
 
-def _train_drafts(s, task, tc, samples, logits, device) -> dict:
+def _train_drafts(s, tc, samples, logits, device) -> dict:
     def batch(step):  # whole sample sequences, 16 at a time, with the target's logits over them
         idx = torch.randint(0, len(samples), (16,), generator=torch.Generator().manual_seed(step))
         return samples[idx, :-1], samples[idx, 1:], logits[idx]
@@ -220,7 +221,7 @@ def measure(scale: str, device: str) -> dict:
     samples = torch.tensor(sample_continuations(plain, task.train_ids, s["samples"], plen, s["sample_new"], seed=1),
                            device=device)
     clock("samples")
-    drafts = _train_drafts(s, task, tc, samples, _teacher_logits(trained, samples), device)
+    drafts = _train_drafts(s, tc, samples, _teacher_logits(trained, samples), device)
     clock("distil drafts")
     n_drafts = {name: sum(p.numel() for p in d.parameters()) for name, d in drafts.items()}
     # tuning and held-out prompts: disjoint windows of the validation split, alternating
