@@ -237,6 +237,23 @@ def env_api_key() -> str | None:
     return os.environ.get("ATTNLAB_API_KEY") or None
 
 
+def memory_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 5, device: str | torch.device = "cpu") -> float:
+    """Best-of read bandwidth (bytes/s) of a large fp32 sum on ``device``, at the threads in force: what a step that
+    streams its weights once can reach (batch-1 decode: time per token >= weight bytes / this)."""
+    import time
+
+    x = torch.ones(n_bytes // 4, device=device)
+    x.sum()
+    synchronize(device)
+    best = 0.0
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x.sum()
+        synchronize(device)
+        best = max(best, n_bytes / (time.perf_counter() - t))
+    return best
+
+
 def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | torch.device = "cpu") -> dict:
     """What every results and benchmark JSON records about where it ran (MEASURING.md, 'Record the context')."""
     device = torch.device(device)
@@ -254,5 +271,6 @@ def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | 
 
 
 __all__ = ["AVX2_ONLY_ENV", "CpuCapabilities", "DEVICES", "DTYPES", "EmulatedDtypeWarning", "check_dtype",
-           "code_version", "cpu_capabilities", "cpu_name", "env_api_key", "fast_dtypes", "host_speed", "machine_context", "native_bf16",
-           "parse_cpuinfo", "resolve_device", "set_threads", "synchronize"]
+           "code_version", "cpu_capabilities", "cpu_name", "env_api_key", "fast_dtypes", "host_speed",
+           "machine_context", "memory_bandwidth", "native_bf16", "parse_cpuinfo", "resolve_device", "set_threads",
+           "synchronize"]

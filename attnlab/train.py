@@ -125,23 +125,29 @@ def evaluate(model, batches, device, teacher=None) -> dict:
     return out
 
 
-def train_in_memory(model, batch, cfg: TrainConfig, clip: bool = True, teacher=None):
+def train_in_memory(model, batch, cfg: TrainConfig, clip: bool = True, teacher=None, amp: bool = False):
     """The plain loop without files: AdamW, the warmup + cosine schedule, clipping. ``batch(step) -> (x, y)``.
     For experiments that need a briefly trained model and no checkpoint. With ``teacher`` (a frozen model of
-    the same vocabulary) the loss is distill_loss at cfg.distill_weight / cfg.distill_temperature."""
+    the same vocabulary) the loss is distill_loss at cfg.distill_weight / cfg.distill_temperature; a batch of
+    three, (x, y, teacher_logits), distils from logits computed beforehand (a teacher run once over a fixed
+    sample set rather than at every step). ``amp``: forward and backward under bf16 autocast (weights and the
+    optimizer stay fp32), for a CPU with bf16 matrix units or a GPU."""
     optimizer = make_optimizer(model, cfg)
     model.train()
+    device_type = next(model.parameters()).device.type
     for step in range(cfg.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        x, y = batch(step)
-        logits = model(x)[0]
-        if teacher is None:
-            loss = lm_loss(logits, y)
-        else:
-            with torch.no_grad():
-                teacher_logits = teacher(x)[0]
-            loss = distill_loss(logits, teacher_logits, y, cfg.distill_weight, cfg.distill_temperature)
+        x, y, *given = batch(step)
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(x)[0]
+            if teacher is None and not given:
+                loss = lm_loss(logits, y)
+            else:
+                if not given:
+                    with torch.no_grad():
+                        given = [teacher(x)[0]]
+                loss = distill_loss(logits, given[0], y, cfg.distill_weight, cfg.distill_temperature)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if clip and cfg.grad_clip:

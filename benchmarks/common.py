@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.runtime import cpu_name, machine_context, set_threads
+from attnlab.runtime import cpu_name, machine_context, memory_bandwidth, set_threads
 
 __all__ = ["context", "cpu_name", "matmul_peak_flops", "memory_bandwidth", "round_order", "set_threads", "summarize",
            "timed_call", "write_json"]
@@ -50,18 +50,6 @@ def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
             t = time.perf_counter()
             product()
             best = max(best, 2 * n ** 3 / (time.perf_counter() - t))
-    return best
-
-
-def memory_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
-    """Best-of read bandwidth (bytes/s) of a large fp32 sum."""
-    x = torch.ones(n_bytes // 4)
-    x.sum()
-    best = 0.0
-    for _ in range(repeats):
-        t = time.perf_counter()
-        x.sum()
-        best = max(best, n_bytes / (time.perf_counter() - t))
     return best
 
 

@@ -328,16 +328,41 @@ def test_e12():
 
 
 # --- claim 13: speculative decoding -------------------------------------------------------------------------------
-def _e13(speedups, identical=True):
-    return {"rows": [{"k": k, "speedup": s, "acceptance": 0.5, "identical": identical, "speedup_by_prompt": [s, s]}
-                     for k, s in zip((1, 2, 4, 6), speedups)]}
+def _e13(speedups, identical=True, step_ms=3.6, verify_ms=4.5, draft_ms=0.3, agreement=0.8, loss=1.4):
+    """Regime inside by default: a 100 MB target at 30 GB/s (3.3 ms ideal) stepping in 3.6 ms."""
+    return {"weight_bytes": 100e6, "bandwidth_bytes_per_s": [29e9, 30e9], "target_step_s": step_ms / 1e3,
+            "verify_step_s": verify_ms / 1e3, "draft_step_s": draft_ms / 1e3, "agreement": agreement,
+            "target_val_loss": loss, "chosen": {"draft": "d128x1", "k": 3},
+            "tuning": [{"draft": "d128x1", "k": k, "speedup": 1.5, "acceptance": 0.7, "identical": True} for k in (2, 3)],
+            "rounds": [{"round": r + 1, "speedup": s, "acceptance": 0.7, "identical": identical, "step_s": step_ms / 1e3}
+                       for r, s in enumerate(speedups)]}
 
 
 def test_e13():
-    _check("e13_speculative", _e13([1.1, 1.4, 1.3, 1.0]), SUPPORTED)
-    _check("e13_speculative", _e13([0.7, 0.8, 0.6, 0.5]), NOT_SUPPORTED)
-    _check("e13_speculative", _e13([1.1, 1.4, 1.3, 1.0], identical=False), NOT_SUPPORTED)
-    _check("e13_speculative", _e13([1.05, 1.1, 0.9, 0.8]), INCONCLUSIVE)
+    _check("e13_speculative", _e13([1.6, 1.5, 1.7]), SUPPORTED)
+    _check("e13_speculative", _e13([0.8, 0.9, 0.85]), NOT_SUPPORTED)
+    _check("e13_speculative", _e13([1.6, 1.5, 1.7], identical=False), NOT_SUPPORTED)
+    _check("e13_speculative", _with(_e13([1.6, 1.5, 1.7]), lambda m: m["tuning"][0].update(identical=False)),
+           NOT_SUPPORTED)  # a k tried on the tuning prompts changed greedy output
+    d = _check("e13_speculative", _e13([1.1, 1.05, 1.15]), INCONCLUSIVE)
+    assert d.qualifier == ""  # between break-even and the threshold: the data, not the set-up
+    unstable = _check("e13_speculative", _e13([1.6, 0.8, 1.5]), INCONCLUSIVE)
+    assert unstable.qualifier == UNSTABLE and len(unstable.repeats) == 3
+
+
+@pytest.mark.parametrize("outside", [dict(step_ms=9.0),  # the step is overhead, not weight traffic (2.7x ideal)
+                                     dict(verify_ms=7.0),  # verifying k+1 rows costs ~2 steps
+                                     dict(draft_ms=1.0),  # the draft costs 28% of a target step
+                                     dict(agreement=0.46),  # the draft rarely agrees
+                                     dict(loss=2.9)])  # the target has barely learned: its greedy text loops
+def test_e13_outside_its_regime_is_inconclusive(outside):
+    for speedups in ([0.8, 0.9, 0.85], [1.6, 1.5, 1.7]):
+        d = _check("e13_speculative", _e13(speedups, **outside), INCONCLUSIVE)
+        assert d.qualifier == REGIME_NOT_REACHED
+        assert [c["met"] for c in d.regime].count(False) == 3  # one condition, missed in each of 3 rounds
+    slow_round = _e13([0.8, 0.9, 0.85])
+    slow_round["rounds"][1]["step_s"] = 9e-3  # one round's decode step outside: the verdict is not a finding
+    assert _check("e13_speculative", slow_round, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
 
 
 # --- claim 17: attention splits across devices, a recurrence does not ----------------------------------------------

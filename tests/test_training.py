@@ -215,3 +215,42 @@ def test_in_memory_distillation_imitates_the_teacher():
         want = teacher(data[:, :-1])[0].argmax(-1)
         agree = {n: float((m(data[:, :-1])[0].argmax(-1) == want).float().mean()) for n, m in students.items()}
     assert agree["distilled"] > agree["plain"] + 0.2, agree
+
+
+def test_in_memory_distillation_from_precomputed_logits_equals_a_live_teacher():
+    """A batch of (x, y, teacher_logits) distils exactly as teacher= does (e13 computes its target's logits once)."""
+    from attnlab.train import train_in_memory
+
+    torch.manual_seed(0)
+    teacher = build_model(tiny(vocab_size=37, init_std=0.3)).eval()
+    data = torch.randint(0, 37, (16, 17), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = teacher(data[:, :-1])[0]
+
+    def batch(step, given=False):
+        idx = (torch.arange(4) + 4 * step) % 16
+        return (data[idx, :-1], data[idx, 1:]) + ((logits[idx],) if given else ())
+
+    cfg = TrainConfig(steps=8, lr=1e-2, warmup_steps=2)
+    students = []
+    for kw in (dict(batch=batch, teacher=teacher), dict(batch=lambda s: batch(s, True))):
+        torch.manual_seed(2)
+        students.append(train_in_memory(build_model(tiny(vocab_size=37, dim=32, n_layers=1)), cfg=cfg, **kw))
+    for a, b in zip(*(m.parameters() for m in students)):
+        assert torch.equal(a, b)
+
+
+def test_in_memory_training_under_bf16_autocast_learns():
+    """amp=True: bf16 autocast in forward and backward, fp32 weights; the loss on a learnable sequence falls."""
+    from attnlab.train import lm_loss, train_in_memory
+
+    torch.manual_seed(0)
+    model = build_model(tiny(vocab_size=37, dim=32, n_layers=1))
+    seq = torch.arange(33).remainder(37)[None].repeat(4, 1)
+    with torch.no_grad():
+        before = float(lm_loss(model(seq[:, :-1])[0], seq[:, 1:]))
+    train_in_memory(model, lambda step: (seq[:, :-1], seq[:, 1:]), TrainConfig(steps=30, lr=1e-2, warmup_steps=3),
+                    amp=True)
+    assert next(model.parameters()).dtype == torch.float32
+    with torch.no_grad():
+        assert float(lm_loss(model(seq[:, :-1])[0], seq[:, 1:])) < 0.5 * before

@@ -1,5 +1,13 @@
-"""Claim 13: speculative decoding speeds up decoding without changing greedy output."""
+"""Claim 13: speculative decoding speeds up decoding without changing greedy output.
+
+Where the claim lives: a target whose one-token decode step streams its weights from memory, so that checking
+k+1 tokens in one pass costs about one step, and a draft much cheaper than that step that often agrees with it.
+The target is trained on the embedded corpus (bf16 autocast), drafts are distilled from its own greedy
+continuations (logits computed once); the draft and k are chosen on tuning prompts, and the choice is timed on
+held-out prompts over several rounds, plain and speculative decoding alternating, each call on one wall clock.
+"""
 import copy
+import time
 
 import torch
 
@@ -9,100 +17,308 @@ from attnlab.engine import generate
 from attnlab.engine.generate import sample_continuations
 from attnlab.engine.quantize import set_precision
 from attnlab.engine.speculative import speculative_generate
-from attnlab.experiments.base import Decision, Outcome, Plot, Series, verdict
+from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, in_regime, over_repeats,
+                                      verdict)
 from attnlab.models import build_model
-from attnlab.train import train_in_memory
+from attnlab.runtime import memory_bandwidth, synchronize
+from attnlab.train import evaluate, train_in_memory
 
 TITLE = "Speculative decoding"
 CLAIM = "A small draft proposing k tokens that the target verifies in one parallel pass speeds up decoding, with identical greedy output."
 PREDICTION = ("Greedy output is identical at every k; acceptance falls as k grows; the speedup over plain decoding of "
               "the same target exceeds 1 at some k when the draft is much cheaper than the target and often agrees.")
-THRESHOLD = "Supported if outputs are identical at every k and the best speedup is >= 1.2; not supported if outputs differ or no k reaches 1.0."
+THRESHOLD = ("Per held-out round: supported if greedy output is identical (at every k tried) and the speedup at the k and "
+             "draft chosen on tuning prompts is >= 1.2; not supported if outputs differ or the speedup is < 1.0. "
+             "The rounds must agree.")
+STEP_VS_BANDWIDTH, VERIFY_VS_STEP, DRAFT_VS_STEP, AGREEMENT = 1.5, 1.5, 0.2, 0.6  # the REGIME's bounds
+LEARNED_LOSS = 2.0  # nats/byte on held-out text; a unigram model of the corpus scores about 3.1
+REGIME = (f"A target whose decode is bound by memory bandwidth and a draft that is cheap and often agrees, each measured "
+          f"in the same run: (1) the target's plain decode step takes <= {STEP_VS_BANDWIDTH}x its fp32 weight bytes / "
+          f"the read bandwidth of a large sum; (2) its verify pass over k+1 rows takes <= {VERIFY_VS_STEP}x a one-row "
+          f"step, at the chosen k; (3) a draft step takes <= {DRAFT_VS_STEP}x a target step; (4) the chosen draft "
+          f"agrees with the target's greedy next token on >= {AGREEMENT:.0%} of positions (teacher-forced on the "
+          "target's continuations of the tuning prompts); (5) the target has learned the corpus: held-out loss <= "
+          f"{LEARNED_LOSS} nats/byte (a unigram model: about 3.1), so that its greedy text is not a degenerate loop a "
+          "draft copies for free. At these bounds the expected speedup (Leviathan et al. "
+          "2023, eq. 1, with acceptance = agreement) is about 1.0 at k = 2-3, so inside the regime the threshold "
+          "of 1.2 can still be missed.")
 CHANGES = [
+    {"date": "2026-11-30", "what": "method: draft distilled from the target, verify-sized weight layout, held-out prompts",
+     "old": ("target ~4.7M (dim 256, 6 layers) and draft ~0.05M each trained 1,500 steps on the corpus; one prompt; "
+             "plain decoding timed at the one-row layout; k reported on the prompt it was measured on"),
+     "new": ("target ~2.7M; draft ~0.07M distilled (KL to the target) on the target's greedy continuations of 256 "
+             "training-split prompts; 3 validation-split prompts; the target's weights laid out for the k+1-row "
+             "verify pass and plain decoding counted at the faster of its two layouts"),
+     "why": ("the first full run (2026-11-29) was 'not supported' at 0.76x with the draft accepted 16% at k=1: a draft "
+             "trained on the corpus predicts the corpus, not the target. This entry was missing: the method changed "
+             "after that verdict without one. Verdict after: inconclusive (1.00x, 46% at k=1), then not supported "
+             "(0.94x, 0.98x) in later reference runs.")},
     {"date": "2026-11-30", "what": "method: an untimed warm-up of each k's speculative and plain paths before timing",
      "why": ("Each k lays the target's weights out anew for k+1 rows; the first call on that layout paid one-time "
              "costs inside the timed prompts. The threshold is unchanged; the reasons now show the per-prompt spread.")},
+    {"date": "2026-12-02",
+     "what": "method and threshold: a measured regime, a target in it, tuning vs held-out prompts, rounds",
+     "old": ("target ~2.7M (decode bound by per-step overhead, not bandwidth); best of k in (1, 2, 4, 6) on the 3 "
+             "prompts it is reported on; one timing; threshold on that best speedup"),
+     "new": ("REGIME measured in the run (step vs weight bytes / bandwidth, verify rows vs one row, draft vs target step, "
+             "draft agreement, the target's held-out loss); full: a ~57M target (dim 768, 8 layers) trained with "
+             "bf16 autocast at 256 tokens (the old target ran past its trained length of 96), two drafts "
+             "distilled from precomputed target logits, draft and k chosen on tuning prompts, the choice timed on "
+             "held-out prompts in 3 rounds of alternating order, one wall clock; the threshold applied per round, "
+             "the verdict through over_repeats"),
+     "why": ("issue 29: at ~2.7M parameters a decode step is Python overhead, not weight traffic, so verifying k+1 "
+             "tokens is not nearly free and the draft's overhead is a large share of the target's: the set-up could "
+             "not show the claim (Leviathan et al. 2023 report 2-3x where a step is memory-bound). Verdict before: "
+             "not supported (0.98x at k=1, 46% accepted). Verdict after, quick: inconclusive (regime not reached: "
+             "a 1.8M target trained 30 steps, loss 2.89 nats/byte, decode step 14-22x its weights over bandwidth on "
+             "a host running ~10 processes on 2 cores). Full scale was not run to the end when this entry was "
+             "written (that host trained the target at ~10 s a step); its first full run gives the verdict after.")},
 ]
-EST_S = {"quick": 85, "full": 420}  # seconds on a 2-core CPU: the report's progress estimate
+EST_S = {"quick": 45, "full": 600}  # seconds on a 2-core CPU: the report's progress estimate
+
 GOOD, BREAK_EVEN = 1.2, 1.0  # the THRESHOLD above, as numbers
+SETUPS = {
+    "quick": dict(target=ModelConfig(dim=192, n_layers=4, n_heads=4, max_seq_len=256), steps=30, samples=32,
+                  drafts={"d64x1": ModelConfig(dim=64, n_layers=1, n_heads=2, max_seq_len=256)}, draft_steps=40,
+                  ks=(2, 4), prompt_len=64, sample_new=48, new=32, tuning=1, held_out=2, rounds=2, seq_len=128,
+                  batch=16),
+    "full": dict(target=ModelConfig(dim=768, n_layers=8, n_heads=12, max_seq_len=512), steps=300, samples=256,
+                 drafts={"d128x1": ModelConfig(dim=128, n_layers=1, n_heads=2, max_seq_len=512),
+                         "d192x2": ModelConfig(dim=192, n_layers=2, n_heads=3, max_seq_len=512)}, draft_steps=400,
+                 ks=(2, 3, 4, 6), prompt_len=128, sample_new=128, new=128, tuning=3, held_out=4, rounds=FULL_REPEATS,
+                 seq_len=256, batch=8),  # trained as long as a prompt and its continuation: RoPE past it is untrained
+}
 
 
-def _train(cfg, task, tc, device, teacher=None, batch=None):
-    torch.manual_seed(0)
-    batch = batch or task.batch
-    return train_in_memory(build_model(cfg, device), lambda step: tuple(t.to(device) for t in batch(step)), tc,
-                           teacher=teacher)
+def _teacher_logits(model, samples: torch.Tensor, chunk: int = 16) -> torch.Tensor:
+    """The target's next-token logits over every sample (bf16, computed once): what the drafts are distilled to."""
+    with torch.inference_mode(), torch.autocast(samples.device.type, dtype=torch.bfloat16):
+        return torch.cat([model(samples[i:i + chunk, :-1])[0].to(torch.bfloat16)
+                          for i in range(0, len(samples), chunk)])
+
+
+def _train_drafts(s, tc, samples, logits, device) -> dict:
+    def batch(step):  # whole sample sequences, 16 at a time, with the target's logits over them
+        idx = torch.randint(0, len(samples), (16,), generator=torch.Generator().manual_seed(step))
+        return samples[idx, :-1], samples[idx, 1:], logits[idx]
+
+    dtc = TrainConfig(seq_len=samples.shape[1] - 1, batch_size=16, steps=s["draft_steps"], lr=3e-3,
+                      warmup_steps=s["draft_steps"] // 10, corpus_max_bytes=tc.corpus_max_bytes)
+    drafts = {}
+    for name, cfg in s["drafts"].items():
+        torch.manual_seed(0)
+        drafts[name] = set_precision(train_in_memory(build_model(cfg, device), batch, dtc), "fp32")
+    return drafts
+
+
+def _agreement(draft, seqs: list[list[int]], prompt_len: int) -> float:
+    """Teacher-forced: how often the draft's argmax is the target's greedy next token, over the continuations."""
+    device = next(draft.parameters()).device
+    hits = total = 0
+    with torch.inference_mode():
+        for seq in seqs:
+            pred = draft(torch.tensor([seq[:-1]], device=device))[0][0, prompt_len - 1:].argmax(-1)
+            hits += int((pred == torch.tensor(seq[prompt_len:], device=device)).sum())
+            total += len(seq) - prompt_len
+    return hits / max(1, total)
+
+
+def _step_s(model, prompt: list[int], rows: int, n: int = 15) -> float:
+    """Median wall time of one forward of `rows` new tokens after the prompt (the cache rolled back each time)."""
+    device = next(model.parameters()).device
+    state = model.new_state(1, len(prompt) + rows + 1)
+    with torch.inference_mode():
+        model(torch.tensor([prompt], device=device), state)
+        ids = torch.tensor([prompt[-rows:]], device=device)
+        model(ids, state)
+        state.rollback([len(prompt)])
+        took = []
+        for _ in range(n):
+            synchronize(device)
+            t = time.perf_counter()
+            model(ids, state)
+            synchronize(device)
+            took.append(time.perf_counter() - t)
+            state.rollback([len(prompt)])
+    return sorted(took)[n // 2]
+
+
+class _Phases:
+    """Wall seconds per phase of the experiment, for its time budget (EST_S)."""
+
+    def __init__(self):
+        self.spent, self.t = {}, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.spent[name], self.t = now - self.t, now
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def _tune(plain, layouts, drafts, prompts, base, new) -> list[dict]:
+    """Every (draft, k) on the tuning prompts: speedup over the faster plain layout, acceptance, identity."""
+    plain_s = sum(min(_timed(lambda: generate(m, p, new))[0] for m in (plain, *layouts.values())) for p in prompts)
+    rows = []
+    for name, draft in drafts.items():
+        for k, target_k in layouts.items():
+            speculative_generate(target_k, prompts[0], 8, k=k, draft=draft)  # warm-up, untimed
+            spent, acc, prop, same = 0.0, 0, 0, True
+            for p, expected in zip(prompts, base):
+                dt, out = _timed(lambda: speculative_generate(target_k, p, new, k=k, draft=draft))
+                spent += dt
+                acc += round(out.stats.accepted * out.stats.proposed)
+                prop += out.stats.proposed
+                same &= out.tokens == expected
+            rows.append({"draft": name, "k": k, "speedup": plain_s / spent, "acceptance": acc / max(1, prop),
+                         "identical": same})
+    return rows
+
+
+def _held_out_round(r, plain, target_k, draft, k, prompts, base, new) -> dict:
+    """One round on the held-out prompts: plain (both layouts) and speculative, the order reversed on every other
+    prompt and round, each call on the same wall clock."""
+    paths = [lambda p: generate(plain, p, new), lambda p: generate(target_k, p, new),
+             lambda p: speculative_generate(target_k, p, new, k=k, draft=draft)]
+    spent, tpot = [0.0] * 3, [[], []]
+    acc = prop = 0
+    same = True
+    for i, (p, expected) in enumerate(zip(prompts, base)):
+        order = [0, 1, 2] if (r + i) % 2 == 0 else [2, 1, 0]
+        for j in order:
+            dt, out = _timed(lambda: paths[j](p))
+            spent[j] += dt
+            if j < 2:
+                tpot[j].append(out.stats.tpot_s)
+            else:
+                acc += round(out.stats.accepted * out.stats.proposed)
+                prop += out.stats.proposed
+                same &= out.tokens == expected
+    best = 0 if spent[0] <= spent[1] else 1
+    return {"round": r + 1, "plain_s": spent[best], "plain_layout_rows": [1, k + 1][best], "speculative_s": spent[2],
+            "speedup": spent[best] / spent[2], "acceptance": acc / max(1, prop), "identical": same,
+            "step_s": sorted(tpot[best])[len(tpot[best]) // 2]}
 
 
 def measure(scale: str, device: str) -> dict:
-    steps = 150 if scale == "quick" else 1500
-    tc = TrainConfig(seq_len=96, batch_size=16, steps=steps, warmup_steps=steps // 10, corpus_max_bytes=3_000_000)
+    s = SETUPS[scale]
+    clock = _Phases()
+    tc = TrainConfig(seq_len=s["seq_len"], batch_size=s["batch"], steps=s["steps"], lr=1.5e-3,
+                     warmup_steps=s["steps"] // 10, corpus_max_bytes=3_000_000)
     task = make_task(tc)
-    trained = _train(ModelConfig(dim=192, n_layers=6, n_heads=4), task, tc, device)
-    target = set_precision(copy.deepcopy(trained), "fp32")
-    new = 64 if scale == "quick" else 200
-    prompt_len = 128
-    # the target's own continuations of training-split prompts: the text the draft will be asked to predict
-    # (distilling on it raised a draft's agreement from 60% to 77% in benchmarks/spec_models.py)
-    samples = torch.tensor(sample_continuations(target, task.train_ids, 64 if scale == "quick" else 256,
-                                                prompt_len, new, seed=1))
+    torch.manual_seed(0)
+    trained = train_in_memory(build_model(s["target"], device),
+                              lambda step: tuple(t.to(device) for t in task.batch(step)), tc, amp=True)
+    val_loss = evaluate(trained, task.eval_batches(), device)["val_loss"]
+    clock("train target")
+    n_target = sum(p.numel() for p in trained.parameters())
+    plen, new = s["prompt_len"], s["new"]
+    plain = set_precision(copy.deepcopy(trained), "fp32")
+    samples = torch.tensor(sample_continuations(plain, task.train_ids, s["samples"], plen, s["sample_new"], seed=1),
+                           device=device)
+    clock("samples")
+    drafts = _train_drafts(s, tc, samples, _teacher_logits(trained, samples), device)
+    clock("distil drafts")
+    n_drafts = {name: sum(p.numel() for p in d.parameters()) for name, d in drafts.items()}
+    # tuning and held-out prompts: disjoint windows of the validation split, alternating
+    starts = [1000 + 3000 * i for i in range(s["tuning"] + s["held_out"])]
+    tuning = [task.val_ids[a:a + plen].tolist() for a in starts[:s["tuning"]]]
+    held = [task.val_ids[a:a + plen].tolist() for a in starts[s["tuning"]:]]
+    bandwidth = [memory_bandwidth(device=device)]
+    base_tuning = [generate(plain, p, new).tokens for p in tuning]
+    base_held = [generate(plain, p, new).tokens for p in held]
+    # the verify pass has k+1 rows: the target's weights are laid out for that size (quantize.DenseLinear)
+    layouts = {k: set_precision(copy.deepcopy(trained), "fp32", rows=k + 1) for k in s["ks"]}
+    for m in (plain, *layouts.values()):
+        generate(m, tuning[0], 8)  # warm-up of each layout, untimed
+    clock("layouts")
+    agreement = {name: _agreement(d, [p + c for p, c in zip(tuning, base_tuning)], plen) for name, d in drafts.items()}
+    tuned = _tune(plain, layouts, drafts, tuning, base_tuning, new)
+    eligible = [r for r in tuned if r["identical"]] or tuned
+    chosen = max(eligible, key=lambda r: r["speedup"])
+    clock("tuning")
+    k, draft = chosen["k"], drafts[chosen["draft"]]
+    ctx = held[0] + base_held[0]
+    step1 = min(_step_s(plain, ctx, 1), _step_s(layouts[k], ctx, 1))
+    regime = {"weight_bytes": 4 * n_target, "target_step_s": step1, "verify_step_s": _step_s(layouts[k], ctx, k + 1),
+              "draft_step_s": _step_s(draft, ctx, 1), "agreement": agreement[chosen["draft"]]}
+    clock("regime steps")
+    rounds = [_held_out_round(r, plain, layouts[k], draft, k, held, base_held, new) for r in range(s["rounds"])]
+    bandwidth.append(memory_bandwidth(device=device))
+    clock("held-out rounds")
+    return {"target_params": n_target, "target_val_loss": val_loss, "draft_params": n_drafts, "steps": s["steps"],
+            "draft_steps": s["draft_steps"], "samples": len(samples), "new_tokens": new, "prompt_len": plen,
+            "tuning_prompts": len(tuning), "held_out_prompts": len(held), "agreement_by_draft": agreement,
+            "tuning": tuned, "chosen": {"draft": chosen["draft"], "k": k}, "bandwidth_bytes_per_s": bandwidth,
+            **regime, "rounds": rounds, "phase_s": clock.spent}
 
-    def sample_batch(step):  # whole sample sequences, 16 at a time
-        idx = torch.randint(0, len(samples), (16,), generator=torch.Generator().manual_seed(step))
-        return samples[idx, :-1], samples[idx, 1:]
 
-    draft = set_precision(_train(ModelConfig(dim=64, n_layers=1, n_heads=2, max_seq_len=prompt_len + new + 16), task,
-                                 tc, device, teacher=trained, batch=sample_batch), "fp32")
-    prompts = [task.val_ids[s:s + prompt_len].tolist() for s in (2000, 9000, 16000)]
-    base = [generate(target, p, new).tokens for p in prompts]
-    rows = []
-    for k in (1, 2, 4, 6):
-        # the verify pass has k+1 rows: the target's weights are laid out for that size (quantize.DenseLinear),
-        # and plain decoding counts at the faster of the two layouts
-        target_k = set_precision(copy.deepcopy(trained), "fp32", rows=k + 1)
-        generate(target_k, prompts[0], 8)  # warm-up of the new layout and of the speculative path, untimed
-        speculative_generate(target_k, prompts[0], 8, k=k, draft=draft)
-        plain_s = [[0.0, 0.0] for _ in prompts]
-        spec_s, accepted, proposed, identical = [], 0, 0, True
-        for i, (p, expected) in enumerate(zip(prompts, base)):
-            for j, m in enumerate((target, target_k)):
-                plain_s[i][j] = generate(m, p, new).stats.total_s
-            out = speculative_generate(target_k, p, new, k=k, draft=draft)
-            spec_s.append(out.stats.total_s)
-            accepted += round(out.stats.accepted * out.stats.proposed)
-            proposed += out.stats.proposed
-            identical &= out.tokens == expected
-        plain = min(sum(s[j] for s in plain_s) for j in range(2))
-        rows.append({"k": k, "speedup": plain / sum(spec_s), "acceptance": accepted / max(1, proposed),
-                     "identical": identical, "speedup_by_prompt": [min(p) / s for p, s in zip(plain_s, spec_s)]})
-    return {"rows": rows, "identical": all(r["identical"] for r in rows), "steps": steps, "samples": len(samples),
-            "new_tokens": new}
+def conditions(measured: dict, rnd: dict) -> list[dict]:
+    """The REGIME's five conditions, for one held-out round (its own plain decode step)."""
+    ideal = measured["weight_bytes"] / max(measured["bandwidth_bytes_per_s"])
+    step, k = rnd["step_s"] / ideal, measured["chosen"]["k"]
+    verify = measured["verify_step_s"] / measured["target_step_s"]
+    draft = measured["draft_step_s"] / measured["target_step_s"]
+    agree = measured["agreement"]
+    return [
+        condition("decode step / (weight bytes / bandwidth)", step, f"<= {STEP_VS_BANDWIDTH}", step <= STEP_VS_BANDWIDTH,
+                  f"{step:.2f} ({1e3 * rnd['step_s']:.2f} ms vs {1e3 * ideal:.2f} ms for "
+                  f"{measured['weight_bytes'] / 1e6:.0f} MB at {max(measured['bandwidth_bytes_per_s']) / 1e9:.1f} GB/s)"),
+        condition(f"verify of k+1={k + 1} rows / one-row step", verify, f"<= {VERIFY_VS_STEP}", verify <= VERIFY_VS_STEP),
+        condition("draft step / target step", draft, f"<= {DRAFT_VS_STEP}", draft <= DRAFT_VS_STEP),
+        condition("draft agreement (teacher-forced, tuning)", agree, f">= {AGREEMENT:.0%}", agree >= AGREEMENT,
+                  f"{agree:.0%}"),
+        condition("target held-out loss (nats/byte)", measured["target_val_loss"], f"<= {LEARNED_LOSS}",
+                  measured["target_val_loss"] <= LEARNED_LOSS),
+    ]
+
+
+def decide_round(measured: dict, rnd: dict) -> Decision:
+    """One held-out round against the THRESHOLD (greedy identity also over every tuning setting)."""
+    tuning_same = all(r["identical"] for r in measured["tuning"])
+    same, s = tuning_same and rnd["identical"], rnd["speedup"]
+    ok = None if same and BREAK_EVEN <= s < GOOD else (same and s >= GOOD)
+    c = measured["chosen"]
+    reason = (f"round {rnd['round']}: greedy output identical {'yes' if same else 'no'}; speedup {s:.2f}x at "
+              f"k={c['k']} with draft {c['draft']} (accepted {rnd['acceptance']:.0%}) >= {GOOD}: "
+              f"{'yes' if s >= GOOD else 'no'}; >= {BREAK_EVEN}: {'yes' if s >= BREAK_EVEN else 'no'}")
+    return Decision(verdict(ok), f"speedup {s:.2f}x", [reason])
 
 
 def decide(measured: dict) -> Decision:
-    rows = measured["rows"]
-    same = all(r["identical"] for r in rows)
-    best = max(rows, key=lambda r: r["speedup"])
-    per = best.get("speedup_by_prompt") or [best["speedup"]]
-    reasons = ["greedy output identical at every k: " + ("yes" if same else "no: at k = " + ", ".join(
-        str(r["k"]) for r in rows if not r["identical"])),
-        f"best speedup {best['speedup']:.2f}x at k={best['k']} (per prompt {min(per):.2f}-{max(per):.2f}x) >= {GOOD}: "
-        f"{'yes' if best['speedup'] >= GOOD else 'no'}; >= {BREAK_EVEN}: {'yes' if best['speedup'] >= BREAK_EVEN else 'no'}"]
-    ok = None if same and BREAK_EVEN <= best["speedup"] < GOOD else (same and best["speedup"] >= GOOD)
-    figure = (f"best speedup {best['speedup']:.2f}x (k={best['k']}), acceptance {rows[0]['acceptance']:.0%} at "
-              f"k={rows[0]['k']} -> {rows[-1]['acceptance']:.0%} at k={rows[-1]['k']}; greedy output identical: {same}")
-    return Decision(verdict(ok), figure, reasons)
+    rounds = measured["rounds"]
+    c = measured["chosen"]
+    speedups = [r["speedup"] for r in rounds]
+    same = all(r["identical"] for r in rounds) and all(r["identical"] for r in measured["tuning"])
+    figure = (f"held-out speedup {min(speedups):.2f}-{max(speedups):.2f}x over {len(rounds)} rounds at k={c['k']} "
+              f"(draft {c['draft']}, accepted {sum(r['acceptance'] for r in rounds) / len(rounds):.0%}); "
+              f"greedy output identical: {same}")
+    return over_repeats([in_regime(conditions(measured, r), decide_round(measured, r)) for r in rounds], figure)
 
 
 def run(scale: str, device: str) -> Outcome:
     m = measure(scale, device)
-    rows = m["rows"]
-    ks = [r["k"] for r in rows]
-    return Outcome.of(decide(m), m, [
-        Plot("Speedup vs k", "k (draft tokens per round)", "x plain decode", [Series("speedup", ks, [r["speedup"] for r in rows])]),
-        Plot("Acceptance vs k", "k", "accepted / proposed", [Series("acceptance", ks, [r["acceptance"] for r in rows])])],
-        rows,
-        [f"Target ~2.7M parameters trained {m['steps']} steps on the embedded corpus; draft ~0.07M distilled from "
-         f"it {m['steps']} steps on its greedy continuations of {m['samples']} training-split prompts; 3 held-out "
-         "prompts. On a CPU the draft's per-token overhead is a large share of so small a target's cost.",
-         "The best k is chosen on the same 3 prompts it is reported on, which flatters it a little."])
+    plots = []
+    for name in m["draft_params"]:
+        rows = [r for r in m["tuning"] if r["draft"] == name]
+        ks = [r["k"] for r in rows]
+        plots.append(Plot(f"Tuning prompts, draft {name}: speedup and acceptance vs k", "k (draft tokens per round)",
+                          "x plain decode / accepted share",
+                          [Series("speedup", ks, [r["speedup"] for r in rows]),
+                           Series("acceptance", ks, [r["acceptance"] for r in rows])]))
+    table = [{"set": "tuning", **r} for r in m["tuning"]] + [{"set": "held-out", **r} for r in m["rounds"]]
+    drafts = ", ".join(f"{n} {p / 1e6:.2f}M" for n, p in m["draft_params"].items())
+    return Outcome.of(decide(m), m, plots, table, [
+        f"Target {m['target_params'] / 1e6:.1f}M parameters trained {m['steps']} steps (bf16 autocast) on the embedded "
+        f"corpus, held-out loss {m['target_val_loss']:.2f} nats/byte; drafts ({drafts}) distilled {m['draft_steps']} "
+        f"steps on the target's greedy continuations of {m['samples']} training-split prompts.",
+        f"Draft and k chosen on {m['tuning_prompts']} tuning prompts, reported on {m['held_out_prompts']} held-out "
+        f"prompts of {m['prompt_len']} tokens, {m['new_tokens']} new tokens each; plain decoding counts at the faster of "
+        "its two weight layouts. fp32 weights: greedy identity is exact only in fp32 (engine/speculative.py).",
+        "That sampled tokens follow the target's distribution is tested by a chi-square test in "
+        "tests/test_speculative.py, not here.",
+        "Timings on a shared 2-core CPU are noisy; the rounds show the spread."])
