@@ -72,3 +72,15 @@ def test_decode_vs_hf_quick_cli(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["quick"] and "decode_fp32" in res["gpt2_small"] and "held_out" in res["trained"]["fp32"]["draft"]
+
+
+@pytest.mark.slow
+def test_serve_soak_quick_meets_every_goal(tmp_path):
+    """The soak's smoke run: half a minute of mixed and hostile load on a tiny model, every goal met."""
+    out = tmp_path / "soak.json"
+    r = subprocess.run([sys.executable, str(BENCH / "serve_soak.py"), "--quick", "--threads", "1", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["all_met"], res["goals"]
+    assert res["status"].get("200", 0) > 100 and res["kinds"]["hostile"] > 20
