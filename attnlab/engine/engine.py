@@ -15,7 +15,7 @@ from typing import Iterator
 
 from attnlab.engine.generate import GenerationOutput, check_request, finish_output
 from attnlab.engine.sampling import SamplingParams
-from attnlab.engine.scheduler import Scheduler, Sequence
+from attnlab.engine.scheduler import Scheduler, Sequence, shares_blocks
 from attnlab.engine.stops import StopChecker
 from attnlab.errors import AttnlabError
 
@@ -39,12 +39,11 @@ class Engine:
         self.cache_dtype = cache_dtype
         self.prefix_reuse = prefix_reuse
         cfg = model.cfg
-        self.paged = cfg.family == "transformer" and cfg.kernel != "sliding"
-        pool = None
-        if self.paged:  # room for a full context plus what the prefix cache keeps beside it
-            pool = model.new_pool(kv_blocks or 2 * -(-cfg.max_seq_len // block_size), block_size, cache_dtype)
-        self.scheduler = Scheduler(model, max_len=cfg.max_seq_len, cache_dtype=cache_dtype, pool=pool,
-                                   keep_finished=not self.paged)
+        self.paged = shares_blocks(cfg)
+        # room for a full context plus what the prefix cache keeps beside it
+        self.scheduler = Scheduler(model, max_len=cfg.max_seq_len, cache_dtype=cache_dtype, paged=self.paged,
+                                   kv_blocks=kv_blocks or 2 * -(-cfg.max_seq_len // block_size),
+                                   block_size=block_size, keep_finished=not self.paged)
         self._kept = None  # non-paged: the last request's state and the tokens it has read
 
     def encode(self, prompt: str | bytes | list[int]) -> list[int]:

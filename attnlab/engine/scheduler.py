@@ -36,6 +36,12 @@ from attnlab.engine.stops import StopChecker
 from attnlab.models.paged import OutOfBlocks
 
 
+def shares_blocks(cfg) -> bool:
+    """Whether a model's decode state can live in a paged pool shared by block: softmax attention over the whole
+    context does; recurrent states and a sliding window's rolling buffer do not."""
+    return cfg.family == "transformer" and cfg.kernel != "sliding"
+
+
 class SequenceFault(Exception):
     """A fault that belongs to one sequence; its message is safe to show that sequence's client."""
 
@@ -100,10 +106,12 @@ class Event:
 class Scheduler:
     def __init__(self, model, *, max_len: int | None = None, max_batch: int | None = None,
                  prefill_chunk: int | None = None, prefill_budget: int | None = None, cache_dtype=None, pool=None,
-                 paged: bool = False,
+                 paged: bool = False, kv_blocks: int | None = None, block_size: int = 16,
                  proposer=None, keep_finished: bool = False, raise_faults: bool = True):
-        """``pool``: a BlockPool shared by every sequence (paged KV cache with prefix caching); ``paged``
-        without one makes a pool sized for max_batch sequences of max_len. ``proposer``: drafts for
+        """``pool``: a BlockPool shared by every sequence (paged KV cache with prefix caching); ``paged`` (or
+        ``kv_blocks``) without one makes a pool of ``kv_blocks`` blocks of ``block_size`` tokens, by default
+        room for max_batch sequences of max_len. Models whose state cannot be shared by block (recurrent, sliding
+        window) keep per-row states whatever is asked. ``proposer``: drafts for
         speculative decoding. ``keep_finished``: a finished sequence keeps its state row (prefix reuse for
         states that cannot be shared by block). ``raise_faults``: a failed forward raises to the caller after its
         sequences are cleaned up (a library call); False turns it into their final events (a server)."""
@@ -117,9 +125,11 @@ class Scheduler:
         self.keep_finished = keep_finished
         self.raise_faults = raise_faults
         self.device = next(model.parameters()).device
-        attention_kv = cfg.family == "transformer" and cfg.kernel != "sliding"
-        if paged and pool is None and attention_kv:
-            pool = model.new_pool(min(self.max_batch, 64) * -(-self.max_len // 16), 16, cache_dtype)  # 64 rows at most
+        attention_kv = shares_blocks(cfg)
+        if (paged or kv_blocks) and pool is None and attention_kv:
+            # the one place a KV pool is sized: the caller's blocks, else full contexts for the batch (64 at most)
+            rows = min(self.max_batch, 64)
+            pool = model.new_pool(kv_blocks or rows * -(-self.max_len // block_size), block_size, cache_dtype)
         self.pool = pool if attention_kv else None
         self.cache_dtype = cache_dtype
         self.waiting: deque[Sequence] = deque()
@@ -169,6 +179,17 @@ class Scheduler:
             if self.cancel(seq, "error", error) or seq.finish_reason == "error":
                 events.append(Event(seq, -1, 0.0, True))
         return events
+
+    def stats(self) -> dict:
+        """What a caller may watch without reading the queues: sequences by stage, the pool, the error counts."""
+        out = {"waiting": len(self.waiting), "prefilling": len(self.prefilling), "running": len(self.running),
+               "preemptions": self.preemptions, "step_errors": self.step_errors, "sequence_errors": self.seq_errors,
+               "last_error": self.last_error}
+        if self.pool is not None:
+            out.update(kv_blocks_total=self.pool.n_blocks, kv_blocks_used=self.pool.used_blocks,
+                       kv_blocks_free=self.pool.free_blocks, kv_block_size=self.pool.block_size,
+                       kv_bytes_per_block=self.pool.bytes_per_block)
+        return out
 
     @property
     def has_work(self) -> bool:

@@ -81,12 +81,11 @@ class Worker:
         cfg = model.cfg
         self.model = model
         self.max_queue = max_queue
-        pool = None
-        if cfg.family == "transformer" and cfg.kernel != "sliding":  # paged, with prefix caching
-            pool = model.new_pool(kv_blocks or max_batch * -(-cfg.max_seq_len // block_size), block_size, cache_dtype)
+        # paged with prefix caching where the model allows it: room for max_batch full contexts by default
         self.scheduler = Scheduler(model, max_len=cfg.max_seq_len, max_batch=max_batch, prefill_chunk=prefill_chunk,
-                                   prefill_budget=prefill_budget, cache_dtype=cache_dtype, pool=pool,
-                                   raise_faults=False)
+                                   prefill_budget=prefill_budget, cache_dtype=cache_dtype, paged=True,
+                                   kv_blocks=kv_blocks or max_batch * -(-cfg.max_seq_len // block_size),
+                                   block_size=block_size, raise_faults=False)
         self.pool = self.scheduler.pool
         self.totals = Totals()
         self.accepting = True
@@ -123,24 +122,23 @@ class Worker:
     @property
     def queued(self) -> int:
         """Requests not yet admitted to a batch (the scheduler's waiting queue plus the inbox)."""
-        return len(self.scheduler.waiting) + sum(1 for kind, _, _ in list(self._inbox) if kind == "submit")
+        return self.scheduler.stats()["waiting"] + sum(1 for kind, _, _ in list(self._inbox) if kind == "submit")
 
     @property
     def running(self) -> int:
-        return len(self.scheduler.running) + len(self.scheduler.prefilling)
+        st = self.scheduler.stats()
+        return st["running"] + st["prefilling"]
 
     def snapshot(self) -> dict:
         t = self.totals
-        out = {"running": self.running, "queued": self.queued, "max_queue": self.max_queue,
+        st = self.scheduler.stats()
+        out = {"running": st["running"] + st["prefilling"], "queued": self.queued, "max_queue": self.max_queue,
                "max_batch": self.scheduler.max_batch, "accepting": self.accepting,
                "prompt_tokens": t.prompt_tokens, "cached_tokens": t.cached_tokens,
                "prefix_hit_rate": t.cached_tokens / t.prompt_tokens if t.prompt_tokens else 0.0,
                "generated_tokens": t.generated_tokens, "preemptions": t.preemptions, "steps": t.steps,
                "step_errors": t.step_errors, "sequence_errors": t.sequence_errors, "healthy": self.healthy}
-        if self.pool is not None:
-            out.update(kv_blocks_total=self.pool.n_blocks, kv_blocks_used=self.pool.used_blocks,
-                       kv_blocks_free=self.pool.free_blocks, kv_block_size=self.pool.block_size,
-                       kv_bytes_per_block=self.pool.bytes_per_block)
+        out.update({k: v for k, v in st.items() if k.startswith("kv_")})
         return out
 
     @property
