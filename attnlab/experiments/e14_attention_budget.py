@@ -2,7 +2,7 @@
 weight on the relevant fact (probed with facts planted in real text: needle.py)."""
 from attnlab.experiments import needle
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, in_regime, mean,
-                                      over_repeats, verdict)
+                                      verdict)
 
 TITLE = "Attention is a fixed budget"
 CLAIM = ("Attention weights sum to one, so every irrelevant token added to the context takes some weight from the "
@@ -12,7 +12,8 @@ PREDICTION = ("On a byte-level language model trained on the embedded corpus wit
               "asked for one fact of the form 'code_qx = 4817': from a short context with no other fact (a quarter of "
               "the trained length) to the trained length with the most same-form distractors it was trained with, the "
               "weight its most needle-attending head (chosen on the short context) puts on the fact's line falls by "
-              ">= 10% (relative) and the accuracy on the answer's first digit (the step that finds the fact by its key) falls by >= 5 points.")
+              ">= 10% (relative) and the accuracy on the answer's first digit (the step that finds the fact by its "
+              "key) falls by >= 5 points.")
 THRESHOLD = ("Per repetition: supported if both falls exceed their margins (10% relative weight, 5 points accuracy) by "
              "more than 2 standard errors; not supported if either falls short of its margin by more than 2 standard "
              "errors; inconclusive otherwise. Repetitions (independent haystack and fact draws, 3 at full scale) must "
@@ -95,7 +96,7 @@ def regime(rep: dict, train_len: int) -> list[dict]:
 
 def decide(m: dict) -> Decision:
     L = m["train_len"]
-    return over_repeats([in_regime(regime(rep, L), decide_one(rep, L)) for rep in m["repeats"]])
+    return needle.over_repetitions([in_regime(regime(rep, L), decide_one(rep, L)) for rep in m["repeats"]])
 
 
 def run(scale: str, device: str) -> Outcome:
@@ -104,7 +105,8 @@ def run(scale: str, device: str) -> Outcome:
     for r, rep in enumerate(m["repeats"]):
         for p in rep["probes"]:
             w = needle.head_weight(p, rep["head"])[0]
-            rows.append({"repetition": r + 1, "bytes": p["tokens"], "distractors": p["facts"] - 1, "accuracy": p["acc"], "all_4_digits": p["exact"],
+            rows.append({"repetition": r + 1, "bytes": p["tokens"], "distractors": p["facts"] - 1, "accuracy": p["acc"],
+                         "all_4_digits": p["exact"],
                          "probes": p["n"], "weight_on_fact": w,
                          "weight_on_distractors": p["distractor_weight"][rep["head"][0]][rep["head"][1]]})
     conds = conditions(needle.SETUPS[scale])

@@ -2,7 +2,7 @@
 real text: needle.py)."""
 from attnlab.experiments import needle
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, in_regime, mean,
-                                      over_repeats, verdict)
+                                      verdict)
 
 TITLE = "Put the instruction where it can win"
 CLAIM = ("Models find what they need best at the start or the end of a long context and worst in the middle "
@@ -89,7 +89,7 @@ def regime(rep: dict, train_len: int) -> list[dict]:
 
 
 def decide(m: dict) -> Decision:
-    return over_repeats([in_regime(regime(rep, m["train_len"]), decide_one(rep)) for rep in m["repeats"]])
+    return needle.over_repetitions([in_regime(regime(rep, m["train_len"]), decide_one(rep)) for rep in m["repeats"]])
 
 
 def run(scale: str, device: str) -> Outcome:

@@ -4,7 +4,7 @@ import torch
 
 from attnlab.experiments import needle
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, exceeds, in_regime,
-                                      mean, over_repeats, spread, timing, verdict)
+                                      mean, spread, timing, verdict)
 
 TITLE = "Send what is relevant, not everything"
 CLAIM = ("A prompt with only the relevant context answers as well as one padded with everything that might be "
@@ -53,7 +53,7 @@ def measure(scale: str, device: str) -> dict:
             rep["kinds"][k] = {**needle.probe(model, t["text"], s.probe_n, length, facts, seed + 1 + i, device),
                                "prefill_s": []}
             x, _, _ = needle.needle_batch(t["text"], BATCH, length, facts, torch.Generator().manual_seed(seed + 9 + i))
-            prompts[k] = x[:, :-needle.DIGITS].to(device)  # up to the question, as a server would receive it
+            prompts[k] = x[:, :1 - needle.DIGITS].to(device)  # through "key = ", as a server would receive it
         with torch.inference_mode():  # the two kinds alternate, each warmed up, so drift hits both alike
             for j in range(ROUNDS):
                 for k in (list(prompts) if j % 2 == 0 else list(prompts)[::-1]):
@@ -95,12 +95,14 @@ def regime(rep: dict, train_len: int) -> list[dict]:
 
 
 def decide(m: dict) -> Decision:
-    return over_repeats([in_regime(regime(rep, m["train_len"]), decide_one(rep, m["batch"])) for rep in m["repeats"]])
+    return needle.over_repetitions([in_regime(regime(rep, m["train_len"]), decide_one(rep, m["batch"]))
+                                    for rep in m["repeats"]])
 
 
 def run(scale: str, device: str) -> Outcome:
     m = measure(scale, device)
-    rows = [{"repetition": r + 1, "prompt": k, "bytes": v["tokens"], "distractors": v["facts"] - 1, "accuracy": v["acc"], "all_4_digits": v["exact"],
+    rows = [{"repetition": r + 1, "prompt": k, "bytes": v["tokens"], "distractors": v["facts"] - 1, "accuracy": v["acc"],
+             "all_4_digits": v["exact"],
              "probes": v["n"], f"prefill_{m['batch']}_prompts_s": mean(v["prefill_s"])}
             for r, rep in enumerate(m["repeats"]) for k, v in rep["kinds"].items()]
     names = list(m["repeats"][0]["kinds"])

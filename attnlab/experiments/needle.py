@@ -25,6 +25,7 @@ from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.synthetic import IGNORE
 from attnlab.data.tasks import make_task, step_generator
 from attnlab.errors import DataError
+from attnlab.experiments.base import Decision, over_repeats
 from attnlab.models import build_model
 from attnlab.train import evaluate, train_in_memory
 
@@ -243,8 +244,9 @@ def probe(model, text: bytes, n: int, length: int, n_facts: int, seed: int, devi
            "depth": sum(i["depth"] for i in infos) / n}
     if on_needle:
         w = torch.stack(on_needle)  # (weight_n, L, H)
-        out.update(weight=w.mean(0).tolist(), weight_sd=w.std(0).tolist() if len(w) > 1 else torch.zeros_like(w[0]).tolist(),
-                   weight_n=len(w), distractor_weight=torch.stack(on_rest).mean(0).tolist())
+        sd = w.std(0) if len(w) > 1 else torch.zeros_like(w[0])
+        out.update(weight=w.mean(0).tolist(), weight_sd=sd.tolist(), weight_n=len(w),
+                   distractor_weight=torch.stack(on_rest).mean(0).tolist())
     return out
 
 
@@ -266,6 +268,16 @@ def acc_se(p: dict) -> float:
     a, n = p["acc"], p["n"]
     a = min(max(a, 1 / n), 1 - 1 / n)
     return math.sqrt(a * (1 - a) / n)
+
+
+def over_repetitions(decisions: list[Decision]) -> Decision:
+    """base.over_repeats, with every repetition's own checks kept in the reasons (over_repeats keeps the last)."""
+    out = over_repeats(decisions)
+    if len(decisions) > 1:
+        out.reasons += [f"repetition {i + 1}: {r}" for i, d in enumerate(decisions) for r in d.reasons]
+    else:
+        out.reasons = list(decisions[0].reasons) + out.reasons
+    return out
 
 
 def beyond(value: float, margin: float, se: float) -> bool | None:
