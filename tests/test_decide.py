@@ -224,11 +224,11 @@ def _np(acc, tokens, facts, weight=0.5, n=200, depth=0.5):
             "weight_sd": [[0.05, 0.05]], "weight_n": 32, "distractor_weight": [[0.1, 0.1]]}
 
 
-def _e14(*reps, facts=8):
-    """reps: (base acc, base weight, far acc, far weight) per repetition."""
+def _e14(*reps, facts=8, pair=0.9):
+    """reps: (base acc, base weight, far acc, far weight) per repetition; ``pair``: accuracy beside one look-alike."""
     return {"train_len": 256, "max_facts": facts, "repeats": [
-        {"head": [0, 1], "probes": [_np(a0, 64, 1, w0), _np(a0, 256, 1, w0), _np(a1, 256, facts, w1),
-                                    _np(0.1, 1024, facts, 0.1)]} for a0, w0, a1, w1 in reps]}
+        {"head": [0, 1], "probes": [_np(a0, 64, 1, w0), _np(a0, 256, 1, w0), _np(pair, 256, 2, w0),
+                                    _np(a1, 256, facts, w1), _np(0.1, 1024, facts, 0.1)]} for a0, w0, a1, w1 in reps]}
 
 
 def test_e14():
@@ -240,12 +240,14 @@ def test_e14():
     out = _check("e14_attention_budget", _e14(*[(0.5, 0.6, 0.2, 0.3)] * 3), INCONCLUSIVE)  # not learned
     assert out.qualifier == REGIME_NOT_REACHED
     assert _check("e14_attention_budget", _e14(good, good, good, facts=3), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    # copies whichever fact it meets (a coin flip beside one look-alike): a fall is trivial, so no verdict
+    assert _check("e14_attention_budget", _e14(good, good, good, pair=0.5), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
     assert _check("e14_attention_budget", _e14(good, flat, good), INCONCLUSIVE).qualifier == UNSTABLE
 
 
-def _e15(*reps, facts=8, tokens=256, base=0.95):
+def _e15(*reps, facts=8, tokens=256, base=0.95, pair=0.9):
     return {"train_len": 256, "depths": [0, 0.25, 0.5, 0.75, 1], "repeats": [
-        {"base": _np(base, 64, 1), "by_depth": [_np(a, tokens, facts, depth=d) for a, d in zip(accs, (0, .25, .5, .75, 1))]}
+        {"base": _np(base, 64, 1), "pair": _np(pair, 256, 2), "by_depth": [_np(a, tokens, facts, depth=d) for a, d in zip(accs, (0, .25, .5, .75, 1))]}
         for accs in reps]}
 
 
@@ -257,13 +259,14 @@ def test_e15():
     _check("e15_position", _e15(*[(0.9, 0.82, 0.84, 0.83, 0.97)] * 3), INCONCLUSIVE)  # a gap at its margin
     assert _check("e15_position", _e15(u, u, u, base=0.4), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
     assert _check("e15_position", _e15(u, u, u, tokens=128), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    assert _check("e15_position", _e15(u, u, u, pair=0.55), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
     assert _check("e15_position", _e15(u, flat, u), INCONCLUSIVE).qualifier == UNSTABLE
 
 
-def _e16(*reps, base=0.95, facts=8):
+def _e16(*reps, base=0.95, facts=8, pair=0.9):
     """reps: (short acc, long acc, short prefill s, long prefill s) per repetition."""
     return {"batch": 32, "train_len": 256, "repeats": [
-        {"base": _np(base, 64, 1), "kinds": {"relevant only": {**_np(a, 28, 1), "prefill_s": [t] * 5},
+        {"base": _np(base, 64, 1), "pair": _np(pair, 256, 2), "kinds": {"relevant only": {**_np(a, 28, 1), "prefill_s": [t] * 5},
                                              "everything": {**_np(b, 256, facts), "prefill_s": [u] * 5}}}
         for a, b, t, u in reps]}
 
@@ -278,6 +281,7 @@ def test_e16():
     _check("e16_send_relevant", {"batch": 32, "train_len": 256, "repeats": [noisy]}, INCONCLUSIVE)  # ratio at 2x
     assert _check("e16_send_relevant", _e16(good, base=0.3), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
     assert _check("e16_send_relevant", _e16(good, facts=2), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    assert _check("e16_send_relevant", _e16(good, pair=0.5), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
     assert _check("e16_send_relevant", _e16(good, (0.7, 0.95, 1e-3, 6e-3), good), INCONCLUSIVE).qualifier == UNSTABLE
 
 

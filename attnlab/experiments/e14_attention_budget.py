@@ -18,7 +18,8 @@ THRESHOLD = ("Per repetition: supported if both falls exceed their margins (10% 
              "more than 2 standard errors; not supported if either falls short of its margin by more than 2 standard "
              "errors; inconclusive otherwise. Repetitions (independent haystack and fact draws, 3 at full scale) must "
              "agree.")
-REGIME = ("The model learned the task: first-digit accuracy >= 80% on the short context with no distractor. The "
+REGIME = ("The model learned the task: first-digit accuracy >= 80% on the short context with no distractor, and >= 80% "
+          "at the trained length beside one same-form distractor (it reads the key). The "
           "contexts reach the trained length, with >= 4 same-form distractors. (Lengths 2x and 4x the trained one are "
           "measured and shown, not decided: past the trained length a fall mixes dilution with unseen positions.)")
 CHANGES = [
@@ -32,14 +33,22 @@ CHANGES = [
              "supported' said more about the set-up than the claim. Distractors now have the needle's form and "
              "distribution, the haystack is held-out corpus text, and the verdict stands only where the model "
              "learned the task.")},
+    {"date": "2026-12-02", "what": "regime: the model must also tell the fact from one look-alike",
+     "old": "Regime: first-digit accuracy >= 80% on the fact alone in a short context.",
+     "new": ("Also >= 80% at the trained length with the fact beside one same-form distractor (needle.learned_conditions)."),
+     "why": ("The first full run of the planted-fact design (before this entry) met the old regime (100% on the fact "
+             "alone) but scored 50-55% with one look-alike: the model copied whichever fact it met, without reading "
+             "the key, so any distractor 'diluted' it trivially and the position curve was a first-fact bias. "
+             "Verdicts of that run: 14 supported, 15 not supported, 16 inconclusive; under this regime all three read "
+             "'inconclusive (regime not reached)' until the model reads the key.")},
 ]
-EST_S = {"quick": 40, "full": 600}  # includes training the shared model (needle.py), paid by the first of 14-16 to run
+EST_S = {"quick": 50, "full": 1200}  # includes training the shared model (needle.py), paid by the first of 14-16 to run
 
 
 def conditions(s: needle.Setup) -> list[tuple[int, int]]:
     """(length, facts): the baseline, more facts at the trained length, then longer contexts with the most facts."""
     L, k = s.train_len, s.max_facts
-    return [(L // 4, 1), (L, 1), (L, max(2, k // 2)), (L, k), (2 * L, k), (4 * L, k)]
+    return [(L // 4, 1), (L, 1), (L, 2), (L, k), (2 * L, k), (4 * L, k)]
 
 
 def measure(scale: str, device: str) -> dict:
@@ -89,9 +98,9 @@ def decide_one(rep: dict, train_len: int) -> Decision:
 
 def regime(rep: dict, train_len: int) -> list[dict]:
     base, far = rep["probes"][0], _far(rep, train_len)
-    return [condition("baseline accuracy", base["acc"], f">= {needle.LEARNED:.0%} (the task was learned)",
-                      base["acc"] >= needle.LEARNED, f"{base['acc']:.0%}"),
-            condition("distractors at the trained length", far["facts"] - 1, ">= 4", far["facts"] - 1 >= 4)]
+    pair = next(p for p in rep["probes"] if p["tokens"] == train_len and p["facts"] == 2)
+    return needle.learned_conditions(base, pair) + [
+        condition("distractors at the trained length", far["facts"] - 1, ">= 4", far["facts"] - 1 >= 4)]
 
 
 def decide(m: dict) -> Decision:

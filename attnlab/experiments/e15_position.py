@@ -17,7 +17,8 @@ THRESHOLD = ("Per repetition: supported if both gaps exceed 5 points by more tha
              "either falls short of 5 points by more than 2 standard errors; inconclusive otherwise. Repetitions "
              "(independent haystack and fact draws, 3 at full scale) must agree.")
 REGIME = ("The model learned the task: first-digit accuracy >= 80% on a short context (a quarter of the trained "
-          "length) with no distractor. The context is at least the trained length and holds >= 4 same-form "
+          "length) with no distractor, and >= 80% at the trained length beside one same-form distractor (it reads the "
+          "key). The context is at least the trained length and holds >= 4 same-form "
           "distractors, so there is a middle to be lost in.")
 CHANGES = [
     {"date": "2026-12-02", "what": "method, prediction and regime: facts planted in real text replace the synthetic "
@@ -30,8 +31,16 @@ CHANGES = [
              "show a position effect and its 'not supported' told a reader the opposite of what Liu et al. (2023) "
              "measured. Distractors now have the fact's form and distribution, the haystack is held-out corpus text, "
              "and the verdict stands only where the model learned the task.")},
+    {"date": "2026-12-02", "what": "regime: the model must also tell the fact from one look-alike",
+     "old": "Regime: first-digit accuracy >= 80% on the fact alone in a short context.",
+     "new": ("Also >= 80% at the trained length with the fact beside one same-form distractor (needle.learned_conditions)."),
+     "why": ("The first full run of the planted-fact design (before this entry) met the old regime (100% on the fact "
+             "alone) but scored 50-55% with one look-alike: the model copied whichever fact it met, without reading "
+             "the key, so any distractor 'diluted' it trivially and the position curve was a first-fact bias. "
+             "Verdicts of that run: 14 supported, 15 not supported, 16 inconclusive; under this regime all three read "
+             "'inconclusive (regime not reached)' until the model reads the key.")},
 ]
-EST_S = {"quick": 10, "full": 90}
+EST_S = {"quick": 8, "full": 25}
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
@@ -42,10 +51,10 @@ def measure(scale: str, device: str) -> dict:
     repeats = []
     for r in range(reps):
         seed = 1500 + 100 * r
-        base = needle.probe(t["model"], t["text"], s.probe_n, s.train_len // 4, 1, seed, device)
+        learned = needle.learned_probes(t, seed, device)
         by_depth = [needle.probe(t["model"], t["text"], s.probe_n, s.train_len, s.max_facts, seed + 1 + i, device, depth=d)
                     for i, d in enumerate(DEPTHS)]
-        repeats.append({"base": base, "by_depth": by_depth})
+        repeats.append({**learned, "by_depth": by_depth})
     return {"train_len": s.train_len, "depths": list(DEPTHS), "repeats": repeats, "model": needle.summary(scale, device)}
 
 
@@ -81,9 +90,8 @@ def decide_one(rep: dict) -> Decision:
 
 
 def regime(rep: dict, train_len: int) -> list[dict]:
-    base, p = rep["base"], rep["by_depth"][0]
-    return [condition("baseline accuracy", base["acc"], f">= {needle.LEARNED:.0%} (the task was learned)",
-                      base["acc"] >= needle.LEARNED, f"{base['acc']:.0%}"),
+    p = rep["by_depth"][0]
+    return needle.learned_conditions(rep["base"], rep["pair"]) + [
             condition("context", p["tokens"], f">= {train_len} bytes (the trained length)", p["tokens"] >= train_len),
             condition("distractors", p["facts"] - 1, ">= 4", p["facts"] - 1 >= 4)]
 

@@ -19,7 +19,8 @@ THRESHOLD = ("Per repetition: supported if the long prompts' accuracy is not abo
              "time ratio is below 2x beyond its spread; inconclusive otherwise. Repetitions (independent haystack and "
              "fact draws, 3 at full scale) must agree.")
 REGIME = ("The model learned the task: first-digit accuracy >= 80% on a short context (a quarter of the trained "
-          "length) with no distractor. The long prompt reaches the trained length with >= 4 same-form distractors.")
+          "length) with no distractor, and >= 80% at the trained length beside one same-form distractor (it reads the "
+          "key). The long prompt reaches the trained length with >= 4 same-form distractors.")
 CHANGES = [
     {"date": "2026-12-02", "what": "method and regime: facts planted in real text replace the synthetic recall task; "
                                    "the accuracy margin is 2 standard errors of each repetition's probes",
@@ -29,8 +30,16 @@ CHANGES = [
      "why": ("Issue 29: the old filler could be ignored by identity, and the verdict flipped between full runs. The "
              "same planted-fact task now serves claims 14-16, the distractors have the fact's form, and the verdict "
              "comes from repetitions that must agree, inside the regime where the model learned the task.")},
+    {"date": "2026-12-02", "what": "regime: the model must also tell the fact from one look-alike",
+     "old": "Regime: first-digit accuracy >= 80% on the fact alone in a short context.",
+     "new": ("Also >= 80% at the trained length with the fact beside one same-form distractor (needle.learned_conditions)."),
+     "why": ("The first full run of the planted-fact design (before this entry) met the old regime (100% on the fact "
+             "alone) but scored 50-55% with one look-alike: the model copied whichever fact it met, without reading "
+             "the key, so any distractor 'diluted' it trivially and the position curve was a first-fact bias. "
+             "Verdicts of that run: 14 supported, 15 not supported, 16 inconclusive; under this regime all three read "
+             "'inconclusive (regime not reached)' until the model reads the key.")},
 ]
-EST_S = {"quick": 10, "full": 90}
+EST_S = {"quick": 8, "full": 25}
 BATCH, ROUNDS = 32, 5
 
 
@@ -47,7 +56,7 @@ def measure(scale: str, device: str) -> dict:
     repeats = []
     for r in range(reps):
         seed = 1600 + 100 * r
-        rep = {"base": needle.probe(model, t["text"], s.probe_n, s.train_len // 4, 1, seed, device), "kinds": {}}
+        rep = {**needle.learned_probes(t, seed, device), "kinds": {}}
         prompts = {}
         for i, (k, (length, facts)) in enumerate(kinds.items()):
             rep["kinds"][k] = {**needle.probe(model, t["text"], s.probe_n, length, facts, seed + 1 + i, device),
@@ -86,9 +95,8 @@ def decide_one(rep: dict, batch: int) -> Decision:
 
 
 def regime(rep: dict, train_len: int) -> list[dict]:
-    base, long_ = rep["base"], rep["kinds"]["everything"]
-    return [condition("baseline accuracy", base["acc"], f">= {needle.LEARNED:.0%} (the task was learned)",
-                      base["acc"] >= needle.LEARNED, f"{base['acc']:.0%}"),
+    long_ = rep["kinds"]["everything"]
+    return needle.learned_conditions(rep["base"], rep["pair"]) + [
             condition("long prompt", long_["tokens"], f">= {train_len} bytes (the trained length)",
                       long_["tokens"] >= train_len),
             condition("distractors", long_["facts"] - 1, ">= 4", long_["facts"] - 1 >= 4)]

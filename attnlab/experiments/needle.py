@@ -250,6 +250,25 @@ def probe(model, text: bytes, n: int, length: int, n_facts: int, seed: int, devi
     return out
 
 
+def learned_probes(t: dict, seed: int, device: str) -> dict:
+    """The two probes that say whether the model learned the task: the fact alone in a short context (a quarter of
+    the trained length), and the fact beside one look-alike at the trained length."""
+    s = t["setup"]
+    return {"base": probe(t["model"], t["text"], s.probe_n, s.train_len // 4, 1, seed, device),
+            "pair": probe(t["model"], t["text"], s.probe_n, s.train_len, 2, seed + 50, device)}
+
+
+def learned_conditions(base: dict, pair: dict) -> list[dict]:
+    """The regime every claim of 14-16 needs: the model finds the fact alone, and tells it from one look-alike (a model
+    that copies whichever fact it meets scores about 50% there, and any distractor then "dilutes" it trivially)."""
+    from attnlab.experiments.base import condition
+
+    return [condition("accuracy, fact alone", base["acc"], f">= {LEARNED:.0%} (the task was learned)",
+                      base["acc"] >= LEARNED, f"{base['acc']:.0%}"),
+            condition("accuracy, fact beside one look-alike", pair["acc"],
+                      f">= {LEARNED:.0%} (it reads the key)", pair["acc"] >= LEARNED, f"{pair['acc']:.0%}")]
+
+
 def tracked_head(base: dict) -> tuple[int, int]:
     """The (layer, head) that puts the most weight on the needle in the baseline probe: the head followed across
     conditions, chosen before they are looked at."""
