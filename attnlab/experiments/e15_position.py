@@ -40,7 +40,7 @@ CHANGES = [
              "Verdicts of that run: 14 supported, 15 not supported, 16 inconclusive; under this regime all three read "
              "'inconclusive (regime not reached)' until the model reads the key.")},
 ]
-EST_S = {"quick": 8, "full": 25}
+EST_S = {"quick": 4, "full": 25}
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
