@@ -365,6 +365,74 @@ def test_e13_outside_its_regime_is_inconclusive(outside):
     assert _check("e13_speculative", slow_round, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
 
 
+# --- claims 14-16: facts planted in real text (needle.py) --------------------------------------------------------
+def _np(acc, tokens, facts, weight=0.5, n=200, depth=0.5):
+    """One needle probe: one layer of two heads, the second the needle-attending one."""
+    return {"acc": acc, "exact": acc, "n": n, "tokens": tokens, "facts": facts, "depth": depth, "weight": [[0.1, weight]],
+            "weight_sd": [[0.05, 0.05]], "weight_n": 32, "distractor_weight": [[0.1, 0.1]]}
+
+
+def _e14(*reps, facts=8, pair=0.9):
+    """reps: (base acc, base weight, far acc, far weight) per repetition; ``pair``: accuracy beside one look-alike."""
+    return {"train_len": 256, "max_facts": facts, "repeats": [
+        {"head": [0, 1], "probes": [_np(a0, 64, 1, w0), _np(a0, 256, 1, w0), _np(pair, 256, 2, w0),
+                                    _np(a1, 256, facts, w1), _np(0.1, 1024, facts, 0.1)]} for a0, w0, a1, w1 in reps]}
+
+
+def test_e14():
+    good, flat = (0.95, 0.6, 0.7, 0.3), (0.95, 0.6, 0.95, 0.6)
+    _check("e14_attention_budget", _e14(good, good, good), SUPPORTED)
+    _check("e14_attention_budget", _e14(flat, flat, flat), NOT_SUPPORTED)  # no dilution
+    _check("e14_attention_budget", _e14(*[(0.95, 0.6, 0.7, 0.6)] * 3), NOT_SUPPORTED)  # accuracy falls, weight does not
+    _check("e14_attention_budget", _e14(*[(0.95, 0.6, 0.89, 0.3)] * 3), INCONCLUSIVE)  # a fall at its margin
+    out = _check("e14_attention_budget", _e14(*[(0.5, 0.6, 0.2, 0.3)] * 3), INCONCLUSIVE)  # not learned
+    assert out.qualifier == REGIME_NOT_REACHED
+    assert _check("e14_attention_budget", _e14(good, good, good, facts=3), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    # copies whichever fact it meets (a coin flip beside one look-alike): a fall is trivial, so no verdict
+    assert _check("e14_attention_budget", _e14(good, good, good, pair=0.5), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    assert _check("e14_attention_budget", _e14(good, flat, good), INCONCLUSIVE).qualifier == UNSTABLE
+
+
+def _e15(*reps, facts=8, tokens=256, base=0.95, pair=0.9):
+    return {"train_len": 256, "depths": [0, 0.25, 0.5, 0.75, 1], "repeats": [
+        {"base": _np(base, 64, 1), "pair": _np(pair, 256, 2), "by_depth": [_np(a, tokens, facts, depth=d) for a, d in zip(accs, (0, .25, .5, .75, 1))]}
+        for accs in reps]}
+
+
+def test_e15():
+    u, flat, recency = (0.8, 0.6, 0.5, 0.6, 0.99), (0.9, 0.9, 0.9, 0.9, 0.9), (0.5, 0.6, 0.7, 0.8, 0.95)
+    _check("e15_position", _e15(u, u, u), SUPPORTED)
+    _check("e15_position", _e15(flat, flat, flat), NOT_SUPPORTED)
+    _check("e15_position", _e15(recency, recency, recency), NOT_SUPPORTED)  # placement matters, but no U
+    _check("e15_position", _e15(*[(0.9, 0.82, 0.84, 0.83, 0.97)] * 3), INCONCLUSIVE)  # a gap at its margin
+    assert _check("e15_position", _e15(u, u, u, base=0.4), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    assert _check("e15_position", _e15(u, u, u, tokens=128), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    assert _check("e15_position", _e15(u, u, u, pair=0.55), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    assert _check("e15_position", _e15(u, flat, u), INCONCLUSIVE).qualifier == UNSTABLE
+
+
+def _e16(*reps, base=0.95, facts=8, pair=0.9):
+    """reps: (short acc, long acc, short prefill s, long prefill s) per repetition."""
+    return {"batch": 32, "train_len": 256, "repeats": [
+        {"base": _np(base, 64, 1), "pair": _np(pair, 256, 2), "kinds": {"relevant only": {**_np(a, 28, 1), "prefill_s": [t] * 5},
+                                             "everything": {**_np(b, 256, facts), "prefill_s": [u] * 5}}}
+        for a, b, t, u in reps]}
+
+
+def test_e16():
+    good = (0.97, 0.9, 1e-3, 6e-3)
+    _check("e16_send_relevant", _e16(good, good, good), SUPPORTED)
+    _check("e16_send_relevant", _e16(*[(0.97, 0.9, 1e-3, 1.2e-3)] * 3), NOT_SUPPORTED)  # no dearer
+    _check("e16_send_relevant", _e16(*[(0.7, 0.95, 1e-3, 6e-3)] * 3), NOT_SUPPORTED)  # more context answers better
+    noisy = {**_e16(good)["repeats"][0]}
+    noisy["kinds"]["everything"]["prefill_s"] = [1.5e-3, 2.5e-3, 2e-3, 2.2e-3, 1.8e-3]
+    _check("e16_send_relevant", {"batch": 32, "train_len": 256, "repeats": [noisy]}, INCONCLUSIVE)  # ratio at 2x
+    assert _check("e16_send_relevant", _e16(good, base=0.3), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    assert _check("e16_send_relevant", _e16(good, facts=2), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    assert _check("e16_send_relevant", _e16(good, pair=0.5), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    assert _check("e16_send_relevant", _e16(good, (0.7, 0.95, 1e-3, 6e-3), good), INCONCLUSIVE).qualifier == UNSTABLE
+
+
 # --- claim 17: attention splits across devices, a recurrence does not ----------------------------------------------
 def _e17(attn2, lstm2, mem2=0.55):
     one = {"processes": 1, "attn_s": [1.0, 1.0, 1.0], "lstm_s": [1.0, 1.0, 1.0], "attn_peak_bytes": 100e6,
@@ -389,7 +457,7 @@ def test_every_experiment_is_covered():
     from attnlab.experiments import registry
 
     tested = {int(n[len("test_e"):]) for n in globals() if n.startswith("test_e") and n[len("test_e"):].isdigit()}
-    # The recall claims (3, 8, 14-16) share fixtures and are tested in test_recall.py as test_claim_N_verdicts.
+    # The recall claims (3, 8) share fixtures and are tested in test_recall.py as test_claim_N_verdicts.
     for other in ("test_recall.py", "test_recsys.py"):  # claim 18's verdicts are tested with the recsys tests
         text = (Path(__file__).parent / other).read_text()
         tested |= {int(n) for n in re.findall(r"def test_claim_(\d+)_verdicts", text)}

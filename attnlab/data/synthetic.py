@@ -70,16 +70,14 @@ def recall_vocab(vocab: int) -> tuple[range, range, range]:
 
 
 def recall_batch(batch_size: int, seq_len: int, vocab: int, n_pairs: int, generator: torch.Generator,
-                 filler: int | tuple[int, int] = 0, place: float | None = None, n_queries: int | None = None):
+                 filler: int | tuple[int, int] = 0, n_queries: int | None = None):
     """MQAR with queries back to back and irrelevant tokens in the context; returns (x, y, info).
 
     Sequence: the n_pairs "key value" bigrams, in random order, scattered among ``filler`` irrelevant tokens
     (an int, or a (lo, hi) range drawn per sequence), then queries: keys asked again, one per position, until
     seq_len (or ``n_queries`` of them). y holds the value at each query and IGNORE elsewhere. With queries
     back to back every position after the context is a labelled question, ~seq_len / n_pairs times more
-    than Zoology's one query per pair, the same skill at a fraction of the compute. ``place`` in [0, 1]
-    puts the first pair at that fraction of the filler (0 = start of the context, 1 = just before the
-    queries), and every query then asks for it, for the position experiments.
+    than Zoology's one query per pair, the same skill at a fraction of the compute.
     info: "distance" (B, T), query position minus its key's position (-1 where unlabelled); "value_pos"
     (B, T), where the asked value sits (-1 where unlabelled); "context_len" (B,).
     """
@@ -98,8 +96,6 @@ def recall_batch(batch_size: int, seq_len: int, vocab: int, n_pairs: int, genera
     # Each pair sits at a cut point in 0..n_fill of the filler (sorted, repeats allowed): the j-th pair in
     # context order starts at cut_j + 2j.
     cuts = (torch.rand(B, P, generator=generator) * (n_fill + 1)).long().clamp(max=n_fill)
-    if place is not None:
-        cuts[:, 0] = (place * n_fill[:, 0]).round().long()
     sorted_cuts, order = cuts.sort(dim=1, stable=True)
     key_pos = torch.empty_like(cuts).scatter_(1, order, sorted_cuts + 2 * torch.arange(P))  # (B, P), per pair
     context_len = n_fill[:, 0] + 2 * P  # (B,)
@@ -107,8 +103,7 @@ def recall_batch(batch_size: int, seq_len: int, vocab: int, n_pairs: int, genera
     x = torch.randint(filler_r.start, filler_r.stop, (B, T), generator=generator)
     x.scatter_(1, key_pos, keys)
     x.scatter_(1, key_pos + 1, values)
-    asked = (torch.zeros(B, T, dtype=torch.long) if place is not None
-             else torch.randint(0, P, (B, T), generator=generator))
+    asked = torch.randint(0, P, (B, T), generator=generator)
     query = (t >= context_len[:, None]) & (t < context_len[:, None] + n_q)
     x = torch.where(query, keys.gather(1, asked), x)
     x = torch.where(t >= context_len[:, None] + n_q, torch.zeros_like(x), x)  # the unused tail: filler 0

@@ -1,4 +1,4 @@
-"""Associative recall, learned: the models that claims 3, 8 and 14-16 measure, trained once per report run.
+"""Associative recall, learned: the models that claims 3 and 8 measure, trained once per report run.
 
 Zoology (Arora et al. 2023) showed that MQAR separates attention from fixed-state models only when every
 model is trained properly: enough distinct examples, a learning-rate sweep per family with the best chosen
@@ -279,18 +279,3 @@ def attention_maps(model, x: torch.Tensor) -> list[torch.Tensor]:
         scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
         maps.append(scores.softmax(-1))
     return maps
-
-
-@torch.no_grad()
-def probe(model, setup: Setup, pairs: int, seed: int, device: str, n: int, **batch_kw) -> dict:
-    """Accuracy at the queries, and the attention weight the last layer's best head puts on the asked value."""
-    x, y, info = recall_batch(n, setup.seq_len, setup.vocab, pairs, torch.Generator().manual_seed(seed), **batch_kw)
-    x = x.to(device)
-    pred = model(x)[0].argmax(-1).cpu()
-    mask = y != IGNORE
-    last = attention_maps(model, x)[-1].cpu()  # (B, H, T, T)
-    b, t = mask.nonzero(as_tuple=True)
-    on_value = last[b, :, t, info["value_pos"][b, t]]  # (queries, H): each head's weight on the asked value
-    head = int(on_value.mean(0).argmax())
-    return {"acc": float(((pred == y) & mask).sum()) / int(mask.sum()), "weight": float(on_value[:, head].mean()),
-            "head": head, "tokens": int(info["context_len"][0]) + int(mask[0].sum())}

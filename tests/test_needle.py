@@ -1,0 +1,129 @@
+"""The needle-in-a-haystack probes of claims 14-16 (experiments/needle.py): facts of one form planted in real text,
+distractors from the needle's own distribution, the needle where it was asked, answers scored exactly."""
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+from attnlab.data.synthetic import IGNORE
+from attnlab.errors import DataError
+from attnlab.experiments import needle
+
+FACT = re.compile(rb"^code_([a-z]{2}) = (\d{4})$", re.M)
+TEXT = b"".join(f"    line {i} of some python text = {i * 7}\n".encode() for i in range(4000))
+
+
+def _batch(n=32, length=256, facts=5, depth=None, seed=0, asked=1):
+    return needle.needle_batch(TEXT, n, length, facts, torch.Generator().manual_seed(seed), depth, asked)
+
+
+def test_probes_have_the_asked_length_facts_and_answer():
+    x, y, infos = _batch()
+    assert x.shape == y.shape == (32, 256)
+    for b, info in enumerate(infos):
+        seq = bytes(x[b].tolist()) + bytes([int(y[b, -1])])
+        found = FACT.findall(seq[:-len(needle.query_line("code_aa")) - needle.DIGITS])  # the context only
+        assert len(found) == 5 and len({k for k, _ in found}) == 5  # distinct keys
+        key, value = info["facts"][0]
+        assert seq.endswith(f"\n{key} = {value}".encode())  # the query asks the needle, the answer follows
+        a, e = info["needle"]
+        assert seq[a:e] == f"{key} = {value}\n".encode()
+        assert [seq[a:e] for a, e in info["distractors"]] == [f"{k} = {v}\n".encode() for k, v in info["facts"][1:]]
+        assert a == 0 or seq[a - 1:a] == b"\n"  # facts sit at line starts
+        answer = [int(t) for t in y[b] if int(t) != IGNORE]
+        assert bytes(answer) == value.encode() and (y[b, :-needle.DIGITS] == IGNORE).all()
+
+
+def test_distractors_have_the_needles_form_and_distribution():
+    _, _, infos = _batch(n=400, facts=4)
+    needles = [i["facts"][0] for i in infos]
+    others = [f for i in infos for f in i["facts"][1:]]
+    for group in (needles, others):
+        digits = Counter("".join(v for _, v in group))
+        letters = Counter("".join(k[len(needle.KEY_PREFIX):] for k, _ in group))
+        assert set(digits) == set("0123456789") and max(digits.values()) / min(digits.values()) < 1.6
+        assert len(letters) == 26
+    assert all(len(k) == len(needles[0][0]) and len(v) == needle.DIGITS for k, v in needles + others)
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_the_needle_lands_at_the_asked_depth(depth):
+    _, _, infos = _batch(n=16, length=512, depth=depth)
+    for info in infos:
+        assert abs(info["depth"] - depth) < 0.1, info["depth"]
+    if depth == 1.0:  # next to the question: nothing but the query after it
+        assert all(i["needle"][1] == 512 + 1 - len(needle.query_line("code_aa")) - needle.DIGITS for i in infos)
+
+
+def test_training_sequences_ask_several_facts_the_needle_first():
+    x, y, infos = _batch(n=8, length=200, facts=4, asked=3)
+    for b, info in enumerate(infos):
+        labelled = (y[b] != IGNORE).nonzero().flatten().tolist()
+        assert len(labelled) == 3 * needle.DIGITS and labelled[-1] == 199
+        answers = bytes(int(y[b, t]) for t in labelled)
+        values = {v for _, v in info["facts"]}
+        chunks = [answers[i:i + needle.DIGITS].decode() for i in range(0, len(answers), needle.DIGITS)]
+        assert chunks[0] == info["facts"][0][1] and len(set(chunks)) == 3 and set(chunks) <= values
+        for t in labelled:  # every labelled position predicts a digit that follows "key = " or a digit
+            assert chr(int(x[b, t])) in " 0123456789"
+
+
+def test_too_short_a_probe_is_a_clear_error():
+    with pytest.raises(DataError, match="needs length"):
+        _batch(length=needle.min_length(5) - 1)
+    x, _, infos = _batch(length=needle.min_length(1), facts=1)  # the fact alone: no haystack at all
+    assert all(i["needle"][0] == 0 for i in infos)
+
+
+class _Oracle(torch.nn.Module):
+    """Reads the needle's value off the input and predicts it: teacher-forced, each answer digit from the fact."""
+
+    def __init__(self, infos, wrong_digit_at=None):
+        super().__init__()
+        self.infos, self.wrong = infos, wrong_digit_at
+
+    def forward(self, x, state=None):
+        B, T = x.shape
+        logits = torch.zeros(B, T, 256)
+        for b in range(B):
+            value = self.infos[self.offset + b]["facts"][0][1].encode()
+            for j, c in enumerate(value):
+                c = c if self.wrong is None or b % 2 or j != self.wrong else (c - 47) % 10 + 48
+                logits[b, T - needle.DIGITS + j, c] = 1.0
+        self.offset += B
+        return logits, None
+
+
+def test_answers_are_scored_on_the_first_digit_and_exactly(monkeypatch):
+    x, y, infos = _batch(n=8, length=128, seed=3)
+    monkeypatch.setattr(needle, "needle_batch", lambda *a, **k: (x, y, infos))
+    # a wrong digit in every other probe: the first digit is the retrieval step ("acc"); any digit fails "exact"
+    for wrong, first, exact in ((None, 1.0, 1.0), (3, 1.0, 0.5), (0, 0.5, 0.5)):
+        oracle = _Oracle(infos, wrong)
+        oracle.offset = 0
+        p = needle.probe(oracle, TEXT, 8, 128, 5, 0, "cpu")
+        assert (p["acc"], p["exact"]) == (first, exact)
+
+
+def test_beyond_and_standard_errors():
+    assert needle.beyond(0.30, 0.10, 0.05) is True
+    assert needle.beyond(0.02, 0.10, 0.02) is False
+    assert needle.beyond(0.12, 0.10, 0.05) is None
+    assert needle.acc_se({"acc": 1.0, "n": 100}) > 0  # a perfect score still has an error bar
+
+
+@pytest.mark.slow
+def test_a_tiny_model_trains_and_probes(monkeypatch):
+    from dataclasses import replace
+    monkeypatch.setitem(needle.SETUPS, "quick", replace(needle.SETUPS["quick"], steps=2, train_len=64, dim=32,
+                                                                 max_facts=2, max_asked=1))
+    needle.trained.cache_clear()
+    try:
+        t = needle.trained("quick", "cpu")
+        assert needle.trained("quick", "cpu") is t  # trained once, shared
+        p = needle.probe(t["model"], t["text"], 4, 128, 3, 0, "cpu", weight_n=2)
+        assert len(p["weight"]) == 2 and len(p["weight"][0]) == 4 and 0 <= p["weight"][0][0] <= 1
+        assert 0 <= p["acc"] <= 1 and p["tokens"] == 128
+    finally:
+        needle.trained.cache_clear()
