@@ -128,5 +128,5 @@ def test_a_request_past_its_deadline_ends_with_an_error_the_client_sees(folder):
         assert 'attnlab_requests_total{endpoint="/v1/completions",status="408"}' in text
         for name in ("attnlab_engine_step_errors_total", "attnlab_engine_sequence_errors_total",
                      "attnlab_preemptions_total"):
-            assert f"# TYPE {name.removesuffix('_total')} counter" in text and name in text
+            assert f"# TYPE {name} counter" in text and f"\n{name} " in text
         assert httpx.get(s.url + "/health").status_code == 200
