@@ -32,7 +32,7 @@ CHANGES = [
     {"date": "2026-11-30", "what": "threshold: the FLOP exponent leaves the verdict",
      "old": ("Supported if the depth exponent is >= 0.9 for rnn, lstm and gru, <= 0.05 for the transformer, and "
              "the transformer's attention-score FLOP exponent is >= 1.8."),
-     "new": THRESHOLD,
+     "new": 'Supported if the traced depth exponent is >= 0.9 for rnn, lstm and gru and <= 0.05 for the transformer; inconclusive if an exponent cannot be fitted. The attention-score FLOP exponent is arithmetic on the traced shapes (model), shown but not part of the verdict.',
      "why": ("The FLOPs come from torch's formulas applied to the shapes on the meta device, so their exponent is 2 "
              "by construction and could not fail; only the depth is read off the dispatched graph.")},
     {"date": "2026-11-30", "what": "method: quick scale traces n = 16..128 instead of 32..256",

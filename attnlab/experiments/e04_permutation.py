@@ -23,7 +23,7 @@ REGIME = ("Outputs that depend on the input position by position: the smallest s
           "across positions (std over positions, averaged over logits) is >= 100x the equality bound, so 'permuted "
           "outputs equal' is not the equality of a constant output.")
 CHANGES = [
-    {"date": "2026-12-02", "what": "method: 3 rounds of trials at full scale (25 each), a measured regime",
+    {"date": "2026-12-02", "what": "method: 3 rounds of 9 trials at full scale (25 trials in one set before), a measured regime",
      "old": "One set of 25 random models and inputs at full scale (5 at quick); no regime.",
      "new": ("Rounds of trials (full scale: 3 rounds of 9, seeds not shared; quick: 1 round of 5), each decided alone and "
              "required to agree; regime: the no-position model's outputs spread across positions >= 100x the bound."),

@@ -42,7 +42,7 @@ CHANGES = [
             "baseline trained worse than no positions at all: a broken baseline, not the method the claim names."},
     {"date": "2026-11-30", "what": "threshold and method: seeds, and a margin that must beat their spread",
      "old": "The claim is supported if rope's perplexity ratio (4L vs L) is lower than sinusoidal's; not supported otherwise.",
-     "new": THRESHOLD,
+     "new": "Supported if rope's perplexity ratio (4L vs L), averaged over seeds, is lower than sinusoidal's by more than the spread over seeds; not supported if higher by more than that spread; inconclusive within it.",
      "why": ("One seed cannot tell a difference between encodings from the luck of one initialisation and data order. "
              "rope and sinusoidal now train on 3 seeds at full scale (1 at quick, to keep it fast; its reasons say the "
              "spread is unmeasured) and the verdict needs the gap to exceed the seed spread.")},

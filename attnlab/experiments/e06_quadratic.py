@@ -37,12 +37,12 @@ CHANGES = [
     {"date": "2026-11-30", "what": "prediction: memory is measured, not plotted from the formula",
      "old": ("Naive attention's time grows with exponent ~2 and its score matrix with n^2; the cost model puts the "
              "attention-score growth from 8k to 128k tokens at ~256x against the MLP's 16x."),
-     "new": PREDICTION,
+     "new": "Naive attention's time grows with exponent ~2 and its measured peak memory with n^2 (it materialises the score matrix); the cost model puts the attention-score growth from 8k to 128k tokens at ~256x against the MLP's 16x.",
      "why": "The score-matrix bytes were H*n^2*4 computed, not measured: they could not fail."},
     {"date": "2026-11-30", "what": "threshold: measured memory in, cost-model factor out, implausible fits inconclusive",
      "old": ("Supported if the naive kernel's fitted time exponent over the longest lengths is >= 1.6 and the "
              "cost-model factor is within 5% of 256."),
-     "new": THRESHOLD,
+     "new": "Supported if the naive kernel's fitted time exponent over the longest lengths is >= 1.6 (from the median and from the fastest of the repeats alike) and its measured peak-memory exponent is >= 1.6; inconclusive if the two time fits fall on different sides of 1.6 or an exponent is physically implausible (below 1 or above 3: a measuring fault). The cost model's 8k->128k factor is the model, shown but not in the verdict.",
      "why": ("The 8k->128k factor is arithmetic on the FLOP formula (256 by construction); the memory half is now "
              "the naive kernel's peak measured in a fresh process per length; the time comes with a warm-up and a "
              "spread over repeats, and a fit no O(n^2) kernel can have is a measuring fault, not a verdict.")},

@@ -29,7 +29,7 @@ REGIME = ("GPT-2-small shapes (d = 768, 12 heads) at lengths that reach past the
 CHANGES = [
     {"date": "2026-11-30", "what": "threshold: a margin beyond the spread of repeats",
      "old": "Supported if the MLP takes longer than the attention core at every measured n <= 1024.",
-     "new": THRESHOLD,
+     "new": "Supported if the MLP takes longer than the attention core at every measured n <= 1024, beyond the spread of the repeats (the MLP's fastest call slower than the core's slowest); not supported if the core is slower beyond that spread at some n <= 1024; inconclusive if their ranges overlap. The analytic crossover is the model, shown but not in the verdict.",
      "why": ("Medians of 3 calls on a shared machine can order two close timings either way; the verdict now needs "
              "the ranges of 5 calls (after a warm-up) not to overlap.")},
     {"date": "2026-12-02", "what": "prediction and threshold: the claim's crossover decided; rounds; regime",

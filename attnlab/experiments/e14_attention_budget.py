@@ -131,5 +131,5 @@ def run(scale: str, device: str) -> Outcome:
     return Outcome.of(decide(m), m, [
         Plot("Attention weight on the planted fact", "condition (see caveats)", "weight (tracked head)",
              [Series("on the fact", xs, avg("weight_on_fact")), Series("on the distractors", xs, avg("weight_on_distractors"))]),
-        Plot("Exact-match accuracy", "condition (see caveats)", "accuracy", [Series("accuracy", xs, avg("accuracy"))])],
+        Plot("First-answer-digit accuracy", "condition (see caveats)", "accuracy", [Series("accuracy", xs, avg("accuracy"))])],
         rows, caveats)
