@@ -1,4 +1,5 @@
-"""Several processes on CPU (gloo, file store): ring attention equals plain attention forward and backward; data
+"""Several processes on CPU (gloo, file store): ring attention equals plain attention forward and backward; the SSM's
+scan split across processes equals the one-process scan; data
 parallel, FSDP2 and sequence-parallel training equal one process on the combined batch; checkpoints resume across
 process counts (2 -> 1 -> 2); a killed or hung rank stops every process with a message naming it; nothing listens
 beyond loopback. Every multi-process run is real (separate processes, real collectives)."""
@@ -56,6 +57,56 @@ def test_ring_attention_equals_attention_forward_and_backward():
         for case, r in zip(RING_CASES, rank_res):
             assert r["out"] < RING_OUT_TOL, (case, r)
             assert max(r["dq"], r["dk"], r["dv"]) < RING_GRAD_TOL, (case, r)
+
+
+
+# ---- the SSM's linear recurrence split across ranks (a parallel scan over processes) -------------------------------
+SCAN_TOL = 1e-4  # fp32: the split adds the incoming state's share after the chunk's own scan (sums in another order)
+SCAN_CASES = [(2, 37, 6, 4), (1, 64, 8, 16)]  # (B, T, E, N): lengths that do not divide evenly
+
+
+def _scan_inputs(B, T, E, N):
+    g = torch.Generator().manual_seed(T + E)
+    u, Bt, Ct = torch.randn(B, T, E, generator=g), torch.randn(B, T, N, generator=g), torch.randn(B, T, N, generator=g)
+    delta = torch.rand(B, T, E, generator=g) * 0.1  # slow decay: the incoming state matters to the last step
+    A = -torch.rand(E, N, generator=g) - 0.1
+    return u, delta, A, Bt, Ct, torch.randn(E, generator=g), torch.randn(B, E, N, generator=g)
+
+
+def _scan_worker(rank, world, cases):
+    from attnlab.distributed.scan import chunk_of, scan_split, split_lengths
+    from attnlab.models.ssm import selective_scan
+
+    out = []
+    for case in cases:
+        u, delta, A, Bt, Ct, D, h0 = _scan_inputs(*case)
+        ref_y, ref_h = selective_scan(u, delta, A, Bt, Ct, D, h0, mode="parallel")
+        lengths = split_lengths(case[1], world)
+        own = [chunk_of(t, lengths, rank) for t in (u, delta, Bt, Ct)]
+        y, h_end, _ = scan_split(own[0], own[1], A, own[2], own[3], D, h0)
+        alone, _ = selective_scan(own[0], own[1], A, own[2], own[3], D, torch.zeros_like(h0))  # no exchange
+        ref = chunk_of(ref_y, lengths, rank)
+        out.append({"y": float((y - ref).abs().max()), "alone": float((alone - ref).abs().max()),
+                    "h": float((h_end - ref_h).abs().max()) if rank == world - 1 else 0.0})
+    return out
+
+
+def test_ssm_scan_split_across_processes_equals_one_process():
+    """3 ranks (so rank 2 composes two summaries): every rank's outputs equal the one-process scan's at its positions,
+    and the last rank's end state the sequence's final state; each chunk scanned alone from zero would not."""
+    results = run_local(_scan_worker, 3, SCAN_CASES, timeout_s=120)
+    for rank, rank_res in enumerate(results):
+        for case, r in zip(SCAN_CASES, rank_res):
+            assert r["y"] < SCAN_TOL and r["h"] < SCAN_TOL, (rank, case, r)
+            assert r["alone"] > 100 * SCAN_TOL, (rank, case, r)  # the exchange is what makes the chunks right
+
+
+def test_split_lengths_gives_rank_zero_a_double_share():
+    from attnlab.distributed.scan import split_lengths
+
+    assert split_lengths(9, 2) == [6, 3] and split_lengths(37, 3) == [18, 10, 9] and sum(split_lengths(1001, 4)) == 1001
+    with pytest.raises(ValueError):
+        split_lengths(2, 2)
 
 
 # ---- training parity ---------------------------------------------------------------------------------------------
