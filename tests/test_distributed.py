@@ -94,7 +94,7 @@ def _scan_worker(rank, world, cases):
 def test_ssm_scan_split_across_processes_equals_one_process():
     """3 ranks (so rank 2 composes two summaries): every rank's outputs equal the one-process scan's at its positions,
     and the last rank's end state the sequence's final state; each chunk scanned alone from zero would not."""
-    results = run_local(_scan_worker, 3, SCAN_CASES, timeout_s=120)
+    results = run_local(_scan_worker, 3, SCAN_CASES, timeout_s=300)
     for rank, rank_res in enumerate(results):
         for case, r in zip(SCAN_CASES, rank_res):
             assert r["y"] < SCAN_TOL and r["h"] < SCAN_TOL, (rank, case, r)
@@ -108,6 +108,31 @@ def test_split_lengths_gives_rank_zero_a_double_share():
     with pytest.raises(ValueError):
         split_lengths(2, 2)
 
+
+
+def test_claim_17_runs_on_the_device_it_is_given(monkeypatch):
+    """--device reaches every rank (run_local's backend choice: gloo on CPU, NCCL on CUDA) and the outcome records it;
+    with fewer than 2 GPUs nothing is split and the verdict is 'regime not reached'."""
+    from attnlab.distributed import group
+    from attnlab.experiments import e17_split_devices as e17
+    from attnlab.experiments.base import REGIME_NOT_REACHED
+
+    seen = []
+
+    def fake_run_local(fn, world, setup, rank_device, **kw):
+        seen.append((world, rank_device, kw["device"]))
+        r = {k: [0.1] * setup["calls"] for k in ("attn_s", "attn_wall_s", "ssm_scan_s", "ssm_fix_s", "ssm_wall_s",
+                                                 "lstm_s", "lstm_wall_s")}
+        return [{**r, "attn_peak_bytes": [1e6] * setup["calls"], "comm_s": 0.0}] * world
+
+    monkeypatch.setattr(group, "run_local", fake_run_local)
+    monkeypatch.setattr(e17, "_devices", lambda device: 2)
+    out = e17.run("quick", "cpu")
+    assert seen and all(d == kw == "cpu" for _, d, kw in seen) and {w for w, _, _ in seen} == {1, 2}
+    assert out.device == "cpu" and out.data["device"] == "cpu"
+    monkeypatch.setattr(e17, "_devices", lambda device: 1 if device == "cuda" else 2)
+    out = e17.run("quick", "cuda")
+    assert out.device == "cuda" and out.qualifier == REGIME_NOT_REACHED and not out.data["rounds"]
 
 # ---- training parity ---------------------------------------------------------------------------------------------
 def _cfgs(data, **kw):
