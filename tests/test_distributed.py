@@ -101,12 +101,12 @@ def test_ssm_scan_split_across_processes_equals_one_process():
             assert r["alone"] > 100 * SCAN_TOL, (rank, case, r)  # the exchange is what makes the chunks right
 
 
-def test_split_lengths_gives_rank_zero_a_double_share():
+def test_split_lengths_cuts_equal_chunks():
     from attnlab.distributed.scan import split_lengths
 
-    assert split_lengths(9, 2) == [6, 3] and split_lengths(37, 3) == [18, 10, 9] and sum(split_lengths(1001, 4)) == 1001
+    assert split_lengths(9, 2) == [5, 4] and split_lengths(37, 3) == [13, 12, 12] and sum(split_lengths(1001, 4)) == 1001
     with pytest.raises(ValueError):
-        split_lengths(2, 2)
+        split_lengths(2, 3)
 
 
 
@@ -119,16 +119,17 @@ def test_claim_17_runs_on_the_device_it_is_given(monkeypatch):
 
     seen = []
 
-    def fake_run_local(fn, world, setup, rank_device, **kw):
+    def fake_run_local(fn, world, setup, rank_device, parts, **kw):
         seen.append((world, rank_device, kw["device"]))
-        r = {k: [0.1] * setup["calls"] for k in ("attn_s", "attn_wall_s", "ssm_scan_s", "ssm_fix_s", "ssm_wall_s",
-                                                 "lstm_s", "lstm_wall_s")}
-        return [{**r, "attn_peak_bytes": [1e6] * setup["calls"], "comm_s": 0.0}] * world
+        n = setup["calls"] if "attn" in parts else 0
+        r = {k: [0.1] * setup["calls"] for k in ("ssm_scan_s", "ssm_fix_s", "ssm_wall_s", "lstm_s", "lstm_wall_s")}
+        return [{**r, **{k: [0.1] * n for k in ("attn_s", "attn_wall_s")}, "attn_peak_bytes": [1e6] * n,
+                 "comm_s": 0.0}] * world
 
     monkeypatch.setattr(group, "run_local", fake_run_local)
     monkeypatch.setattr(e17, "_devices", lambda device: 2)
     out = e17.run("quick", "cpu")
-    assert seen and all(d == kw == "cpu" for _, d, kw in seen) and {w for w, _, _ in seen} == {1, 2}
+    assert seen and all(d == kw == "cpu" for _, d, kw in seen) and {w for w, _, _ in seen} == {1, 2, 4}
     assert out.device == "cpu" and out.data["device"] == "cpu"
     monkeypatch.setattr(e17, "_devices", lambda device: 1 if device == "cuda" else 2)
     out = e17.run("quick", "cuda")

@@ -6,19 +6,17 @@ two (B, E, N) tensors: decay = prod_t a_t = exp(A * sum_t Delta_t) and end = the
 start. That summary is what makes the split exact (Blelloch 1990; Martin & Cundy, ICLR 2018), in three phases:
 
 1. every rank scans its own chunk at once, from a zero state (rank 0 from the true h0): outputs y and ``end``;
-   every rank but the first also forms what an incoming state will add to each output, the coefficients
-   K_t = C_t * prod_{s<=t} a_s = C_t * exp(A * cumsum(Delta)_t), (B, t, E, N): the exps, the costly part, come
-   before the exchange, so no rank waits for them after it;
 2. the P small summaries are all-gathered and rank r composes those of ranks < r (an exclusive scan, O(P E N)
    work): the state h_in that enters its chunk;
-3. every rank r > 0 adds y_t += sum_n K_t h_in, one multiply-add pass over K.
+3. every rank r > 0 adds what h_in contributes: y_t += C_t . (prod_{s<=t} a_s) h_in, which is the same scan run
+   with u = 0 from h_in (about one more scan of the chunk).
 
 Each rank's y then equals the single-process scan's y at its positions (up to fp32 rounding in another order).
-Phase 1 costs rank 0 one scan and the others about two (scan and K), so ``split_lengths`` gives rank 0 a double
-share: the critical path is about 2T/(P+1) steps of scan, plus phase 3's pass, against T in one process. Were the
-exps of K left until after the exchange, rank 1 would start them only once rank 0 had scanned its whole chunk, and
-at 2 processes the critical path would be a full T again. An LSTM has no summary at all (its gates depend
-nonlinearly on h_{t-1}): rank r cannot start its exact work before rank r-1 hands over the state.
+The critical path is one scan of a chunk, the exchange, and one correction: about 2T/P steps of scan against T in
+one process, so the split pays once P > 2 (a parallel scan does about twice the work; Blelloch 1990). Phase 3
+cannot start before rank r-1's chunk is scanned, so unequal chunks do not help: ``split_lengths`` cuts equal ones.
+An LSTM has no summary at all (its gates depend nonlinearly on h_{t-1}): rank r cannot start its exact work before
+rank r-1 hands over the state, so its chain stays T steps long at any P.
 
 Forward only (no autograd across ranks). Runs on gloo (CPU) and NCCL (CUDA) alike: one all_gather.
 """
@@ -33,12 +31,10 @@ from attnlab.models.ssm_loop import sequential_scan
 
 
 def split_lengths(T: int, world: int) -> list[int]:
-    """Chunk lengths for ``world`` ranks: rank 0 (one scan) a double share, every other rank (two scans) one."""
-    if T < world + 1:
-        raise ValueError(f"split_lengths: {T} steps cannot give {world} ranks a chunk each (rank 0 a double one)")
-    shares = [2] + [1] * (world - 1)
-    bounds = [round(T * sum(shares[:i]) / sum(shares)) for i in range(world + 1)]
-    return [b - a for a, b in zip(bounds, bounds[1:])]
+    """Equal chunk lengths for ``world`` ranks (the first T % world ranks one longer)."""
+    if T < world:
+        raise ValueError(f"split_lengths: {T} steps cannot give {world} ranks a chunk each")
+    return [T // world + (r < T % world) for r in range(world)]
 
 
 def chunk_of(x: torch.Tensor, lengths: list[int], rank: int, dim: int = 1) -> torch.Tensor:
@@ -68,16 +64,14 @@ def scan_split(u, delta, A, Bt, Ct, D, h0, group=None, clock=time.thread_time):
     start = h0 if rank == 0 else torch.zeros_like(h0)
     y, end = sequential_scan(u, delta, A, Bt, Ct, start)  # y (B, t, E) before the D u skip; end (B, E, N)
     decay = torch.exp(delta.sum(1)[..., None] * A)  # (B, E, N): prod_t exp(Delta_t A)
-    if rank > 0:  # rank 0 starts from the true state: nothing will be added to its outputs
-        K = torch.cumsum(delta, 1)[..., None] * A  # (B, t, E, N): log prod_{s<=t} a_s
-        K = K.exp_().mul_(Ct[:, :, None, :])  # C_t * prod a
     c1 = clock()
     parts = [torch.empty((2,) + end.shape, dtype=end.dtype, device=end.device) for _ in range(world)]
     dist.all_gather(parts, torch.stack([decay, end]).contiguous(), group=group)
     c2 = clock()
     h_in = incoming_state([p[0] for p in parts], [p[1] for p in parts], rank)
-    if rank > 0:
-        y = y + torch.einsum("bten,ben->bte", K, h_in)  # (B, t, E): what the incoming state adds
+    if rank > 0:  # rank 0 started from the true state: nothing to add
+        fix, _ = sequential_scan(torch.zeros_like(u), delta, A, Bt, Ct, h_in)  # C_t . (prod a) h_in, (B, t, E)
+        y = y + fix
         end = end + decay * h_in
     c3 = clock()
     return y + D * u, end, {"scan_s": c1 - c0, "fix_s": c3 - c2}

@@ -178,14 +178,15 @@ def _exchange_s(rank, world, s, dev) -> float:
     return sorted(times[1:])[1]
 
 
-def rank_work(rank: int, world: int, setup: dict, device: str) -> dict:
-    """Rank ``rank`` of ``world``: every part's per-call times and attention's per-call peak memory."""
+def rank_work(rank: int, world: int, setup: dict, device: str, parts=("attn", "ssm", "lstm")) -> dict:
+    """Rank ``rank`` of ``world``: the per-call times of ``parts`` and attention's per-call peak memory."""
     dev = torch.device("cuda", torch.cuda.current_device()) if torch.device(device).type == "cuda" else torch.device("cpu")
     mapped = map_large_allocations() if dev.type == "cpu" else False
     clock = clock_for(dev)
     out = {k: [] for k in ("attn_s", "attn_wall_s", "attn_peak_bytes", "ssm_scan_s", "ssm_fix_s", "ssm_wall_s",
                            "lstm_s", "lstm_wall_s")}
-    _attention(rank, world, setup, dev, clock, out)
-    _ssm(rank, world, setup, dev, clock, out)
-    _lstm(rank, world, setup, dev, clock, out)
-    return {**out, "comm_s": _exchange_s(rank, world, setup, dev), "device": str(dev), "mapped": mapped}
+    for part, fn in (("attn", _attention), ("ssm", _ssm), ("lstm", _lstm)):
+        if part in parts:
+            fn(rank, world, setup, dev, clock, out)
+    comm_s = _exchange_s(rank, world, setup, dev) if "attn" in parts else None
+    return {**out, "comm_s": comm_s, "device": str(dev), "mapped": mapped}
