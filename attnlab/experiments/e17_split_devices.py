@@ -76,10 +76,11 @@ CHANGES = [
             "inconclusive, supported, inconclusive, supported: the memory ratio (0.69-0.83 against 0.8, one reading "
             "each, from glibc's heap high-water mark) and once the LSTM's wall-time spread (0.23 at load 1.6) decided "
             "the flips. Verdict before (reports/cpu-full, old wording): supported (attention 0.52x time, 0.73x memory; "
-            "LSTM 1.03x); after: see the report. The SSM is decided at 4 processes, not 2: at 2 the correction (about "
-            "one more scan) cancels the gain (measured 1.0-1.3x at quick scale, one draft of this change)."},
+            "LSTM 1.03x); after, at quick scale (2 rounds): supported in both (attention 0.55x time, 0.75x memory; SSM "
+            "0.54x at 4 processes; LSTM 1.05x at 2, 1.08x at 4). The SSM is decided at 4 processes, not 2: at 2 "
+            "the correction (about one more scan) cancels the gain (1.1-1.3x measured at quick scale)."},
 ]
-EST_S = {"quick": 60, "full": 170}
+EST_S = {"quick": 80, "full": 240}
 SETUPS = {"quick": dict(T=2048, H=8, D=128, lstm_dim=512, ssm_dim=1024, ssm_state=16, ssm_batch=2, calls=3, rounds=2),
           "full": dict(T=8192, H=8, D=128, lstm_dim=512, ssm_dim=1024, ssm_state=16, ssm_batch=2, calls=3,
                        rounds=FULL_REPEATS)}

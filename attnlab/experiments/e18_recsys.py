@@ -67,9 +67,10 @@ CHANGES = [
             "about the test users' sampling noise (about 0.01 NDCG@10 for a paired difference over 1,000-1,500 "
             "users), which decides whether a 0.009 gap is a finding. Verdict before: inconclusive on the synthetic "
             "histories (reports/cpu-full), not supported on MovieLens-100K (reports/cpu-full-claim18-ml100k); "
-            "after: see the report."},
+            "after, at quick scale: inconclusive (regime not reached: sasrec and gru4rec at 0.95x and 0.97x "
+            "popularity's NDCG@10 after 5 s of training; the same data read 'not supported' before)."},
 ]
-EST_S = {"quick": 15, "full": 300}
+EST_S = {"quick": 20, "full": 300}
 BASELINES = ("markov", "gru4rec")
 # quick: small synthetic histories, 1 seed, 5 s of training per model (a smoke run);
 # full: ML-100K if cached, 3 seeds, each run's training capped at 40 s (early stopping on validation first)
