@@ -434,23 +434,75 @@ def test_e16():
     assert _check("e16_send_relevant", _e16(good, (0.7, 0.95, 1e-3, 6e-3), good), INCONCLUSIVE).qualifier == UNSTABLE
 
 
-# --- claim 17: attention splits across devices, a recurrence does not ----------------------------------------------
-def _e17(attn2, lstm2, mem2=0.55):
-    one = {"processes": 1, "attn_s": [1.0, 1.0, 1.0], "lstm_s": [1.0, 1.0, 1.0], "attn_peak_bytes": 100e6,
-           "lstm_peak_bytes": 10e6}
-    two = {"processes": 2, "attn_s": list(attn2), "lstm_s": list(lstm2), "attn_peak_bytes": mem2 * 100e6,
-           "lstm_peak_bytes": 5e6}
-    return {"setup": {"T": 2048}, "cores": 2, "load_avg": [1.0, 1.0, 1.0], "rows": [one, two],
-            "depth": {"lstm": {32: 263, 64: 519}, "transformer": {32: 30, 64: 30}}}
+# --- claim 17: attention and a linear recurrence split across devices, a nonlinear recurrence does not --------------
+def _e17_side(P, ssm, lstm, attn=None, mem=None, comm=0.0):
+    """One launch: three calls per part at the given ratio to 1.0, with a little spread (x 0.98, 1.0, 1.02)."""
+    calls = lambda r: [r * f for f in (0.98, 1.0, 1.02)]  # noqa: E731
+    side = {"processes": P, "ssm_s": calls(ssm), "lstm_s": calls(lstm)}
+    if attn is not None:  # attention runs at 1 and 2 processes only
+        side.update(attn_s=calls(attn), attn_peak_bytes=[mem * 100e6] * 3, comm_s=comm)
+    return side
+
+
+def _e17_round(attn=0.52, ssm4=0.55, lstm=1.02, mem=0.7, comm=0.01, ssm2=1.0):
+    return {"one": _e17_side(1, 1.0, 1.0, 1.0, 1.0), "two": _e17_side(2, ssm2, lstm, attn, mem, comm),
+            "four": _e17_side(4, ssm4, lstm)}
+
+
+def _e17(*rounds, devices=2):
+    return {"setup": {"T": 2048}, "device": "cpu", "devices": devices, "load_avg": [1.0, 1.0, 1.0],
+            "rounds": list(rounds) if devices >= 2 else []}
 
 
 def test_e17():
-    _check("e17_split_devices", _e17([0.5, 0.55, 0.52], [1.0, 1.05, 1.1]), SUPPORTED)
-    _check("e17_split_devices", _e17([0.95, 1.0, 0.97], [1.0, 1.05, 1.1]), NOT_SUPPORTED)  # attention did not split
-    _check("e17_split_devices", _e17([0.5, 0.55, 0.52], [0.5, 0.52, 0.55]), NOT_SUPPORTED)  # the LSTM did
-    _check("e17_split_devices", _e17([0.5, 0.55, 0.52], [1.0, 1.05, 1.1], mem2=0.95), NOT_SUPPORTED)  # memory did not
-    _check("e17_split_devices", _e17([0.7, 0.9, 0.8], [1.0, 1.05, 1.1]), INCONCLUSIVE)  # straddles 0.75
-    _check("e17_split_devices", _e17([0.5, 0.55, 0.52], [1.0, 1.05, 1.1], mem2=0.0), INCONCLUSIVE)  # a 0-byte peak: fault
+    ok = _e17_round()
+    d = _check("e17_split_devices", _e17(ok, ok, ok), SUPPORTED)
+    assert d.repeats == [SUPPORTED] * 3 and d.regime
+    _check("e17_split_devices", _e17(*[_e17_round(attn=0.97)] * 3), NOT_SUPPORTED)  # attention did not split
+    _check("e17_split_devices", _e17(*[_e17_round(ssm4=0.98)] * 3), NOT_SUPPORTED)  # the linear recurrence did not
+    _check("e17_split_devices", _e17(*[_e17_round(lstm=0.55)] * 3), NOT_SUPPORTED)  # the nonlinear one split after all
+    _check("e17_split_devices", _e17(*[_e17_round(mem=0.95)] * 3), NOT_SUPPORTED)  # memory did not fall
+    _check("e17_split_devices", _e17(*[_e17_round(ssm4=0.75)] * 3), INCONCLUSIVE)  # its range straddles 0.75
+    _check("e17_split_devices", _e17(*[_e17_round(mem=0.0)] * 3), INCONCLUSIVE)  # a 0-byte peak: a fault
+    d = _check("e17_split_devices", _e17(ok, devices=1), INCONCLUSIVE)  # one device: nothing to split across
+    assert d.qualifier == REGIME_NOT_REACHED
+    d = _check("e17_split_devices", _e17(*[_e17_round(comm=0.4)] * 3), INCONCLUSIVE)  # communication dominates
+    assert d.qualifier == REGIME_NOT_REACHED
+    d = _check("e17_split_devices", _e17(ok, _e17_round(lstm=0.55), ok), INCONCLUSIVE)  # the rounds disagree
+    assert d.qualifier == UNSTABLE
+
+
+# --- claim 18: self-attention for sequential recommendation ---------------------------------------------------------
+def _e18_seed(seed, vs_markov=0.03, vs_gru=0.02, se=0.005, short=0.0, long_=0.03, bucket_se=0.005, users=(100, 100),
+              over_pop=(4.0, 3.5)):
+    """One seed's paired comparisons in e18's shape: sasrec minus each baseline, and its lead in two buckets."""
+    pair = lambda d, s, n=1000: {"diff": d, "se": s, "users": n}  # noqa: E731
+    return {"seed": seed, "vs": {"markov": pair(vs_markov, se), "gru4rec": pair(vs_gru, se)},
+            "over_pop": {"sasrec": over_pop[0], "gru4rec": over_pop[1]},
+            "leads": [{"bucket": "10-19", "vs": "gru4rec", **pair(short, bucket_se, users[0])},
+                      {"bucket": "100-199", "vs": "gru4rec", **pair(long_, bucket_se, users[1])}]}
+
+
+def _e18(*seeds):
+    model = {"full": {"ndcg@10": [0.1] * len(seeds), "hr@10": [0.2] * len(seeds)}, "buckets": [], "train_s": [1.0]}
+    return {"source": "synthetic", "data": {"name": "s"}, "protocol": "p", "seeds": len(seeds), "device": "cpu",
+            "models": {n: model for n in ("sasrec", "markov", "gru4rec", "pop")}, "per_seed": list(seeds)}
+
+
+def test_e18():
+    d = _check("e18_recsys", _e18(*[_e18_seed(i) for i in range(3)]), SUPPORTED)
+    assert d.repeats == [SUPPORTED] * 3 and d.regime
+    _check("e18_recsys", _e18(*[_e18_seed(i, vs_gru=-0.02) for i in range(3)]), NOT_SUPPORTED)  # gru4rec ahead
+    _check("e18_recsys", _e18(*[_e18_seed(i, short=0.04, long_=0.0) for i in range(3)]), NOT_SUPPORTED)  # lead shrinks
+    # a 0.009 gap with a standard error of 0.008: within 2 standard errors, inconclusive (not "not supported")
+    _check("e18_recsys", _e18(*[_e18_seed(i, vs_gru=-0.009, se=0.008) for i in range(3)]), INCONCLUSIVE)
+    _check("e18_recsys", _e18(*[_e18_seed(i, vs_gru=0.002, se=0.0001) for i in range(3)]), INCONCLUSIVE)  # < 0.003
+    d = _check("e18_recsys", _e18(*[_e18_seed(i, over_pop=(1.2, 3.0)) for i in range(3)]), INCONCLUSIVE)
+    assert d.qualifier == REGIME_NOT_REACHED  # sasrec barely above popularity: it did not learn
+    d = _check("e18_recsys", _e18(*[_e18_seed(i, users=(5, 100)) for i in range(3)]), INCONCLUSIVE)
+    assert d.qualifier == REGIME_NOT_REACHED  # one bucket of 30 users: the trend is untested
+    d = _check("e18_recsys", _e18(_e18_seed(0), _e18_seed(1, vs_gru=-0.02), _e18_seed(2)), INCONCLUSIVE)
+    assert d.qualifier == UNSTABLE
 
 
 def test_every_experiment_is_covered():

@@ -300,37 +300,7 @@ def test_synthetic_is_deterministic_and_has_its_knobs():
         SyntheticConfig(habit=0.6, long_range=0.6)
 
 
-# --- claim 18's verdicts ------------------------------------------------------------------------------------------
-def _e18(sas, markov, gru, lead_short=0.0, lead_long=0.02, users=(100, 100)):
-    """Measurements in e18's shape: overall NDCG@10 per seed, and two buckets where sasrec's lead is as given."""
-    def model(vals, bucket_vals):
-        return {"full": {"ndcg@10": list(vals), "hr@10": list(vals)},
-                "buckets": [{"bucket": b, "lo": lo, "users": u, "ndcg": list(v)}
-                            for (b, lo), u, v in zip((("10-19", 10), ("100-199", 100)), users, bucket_vals)],
-                "train_s": [1.0]}
-    base = [0.05, 0.05]
-    return {"source": "synthetic", "data": {"name": "s"}, "protocol": "p", "seeds": 2, "models": {
-        "sasrec": model(sas, ([b + lead_short for b in base], [b + lead_long for b in base])),
-        "markov": model(markov, (base, base)), "gru4rec": model(gru, (base, base))}}
-
-
-def test_claim_18_verdicts():
-    from attnlab.experiments import e18_recsys as e18
-
-    assert e18.decide(_e18((0.08, 0.081), (0.05, 0.05), (0.06, 0.062))).verdict == SUPPORTED
-    # a baseline ahead beyond the spread: refuted
-    assert e18.decide(_e18((0.05, 0.051), (0.07, 0.07), (0.04, 0.041))).verdict == NOT_SUPPORTED
-    # ahead overall, but the lead shrinks with history length: refuted
-    assert e18.decide(_e18((0.08, 0.081), (0.05, 0.05), (0.06, 0.062), 0.03, 0.0)).verdict == NOT_SUPPORTED
-    # within the seed spread: inconclusive
-    assert e18.decide(_e18((0.05, 0.07), (0.06, 0.06), (0.055, 0.056))).verdict == INCONCLUSIVE
-    # one seed, a difference below the fixed margin: inconclusive
-    d = e18.decide(_e18((0.0610,), (0.0600,), (0.0590,)))
-    assert d.verdict == INCONCLUSIVE and d.reasons
-    # buckets too small to compare: the trend is untested
-    assert e18.decide(_e18((0.08, 0.081), (0.05, 0.05), (0.06, 0.062), users=(5, 100))).verdict == INCONCLUSIVE
-
-
+# --- claim 18 end to end (its verdicts are tested in test_decide.py) -----------------------------------------------
 def test_claim_18_quick_runs(monkeypatch):
     """The quick scale end to end (synthetic, a few epochs), with a verdict, a table and a plot."""
     from attnlab.experiments import e18_recsys as e18
@@ -339,7 +309,8 @@ def test_claim_18_quick_runs(monkeypatch):
                                               "synthetic": dict(n_users=80, n_items=150, n_topics=10, max_len=30)})
     out = e18.run("quick", "cpu")
     assert out.verdict in (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE) and out.plots and out.table
-    assert out.data["source"] == "synthetic"
+    assert out.data["source"] == "synthetic" and out.device == out.data["device"] == "cpu"
+    assert out.repeats and out.regime  # one seed at quick scale, decided with its regime
 
 
 # --- end to end ---------------------------------------------------------------------------------------------------

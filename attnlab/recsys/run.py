@@ -65,13 +65,15 @@ def _fit_markov(split: Split) -> tuple[torch.nn.Module, dict]:
     return best[2], {"beta": best[1], "val_ndcg": best[0]}
 
 
-def run_one(name: str, split: Split, seed: int, fit_cfg: FitConfig, progress: bool = False) -> dict:
-    """Train (or count) one model with one seed and score it on the test users."""
+def run_one(name: str, split: Split, seed: int, fit_cfg: FitConfig, progress: bool = False, device: str = "cpu",
+            per_user: bool = False) -> dict:
+    """Train (or count) one model with one seed and score it on the test users. The neural models train on
+    ``device``; the counting models count on the CPU. ``per_user``: keep each test user's NDCG@10 (full ranking)."""
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     info: dict = {}
     if name in NEURAL:
-        model = build(name, split.n_items, split.max_len, **HPARAMS[name])
+        model = build(name, split.n_items, split.max_len, **HPARAMS[name]).to(device)
         info = fit(model, split, replace(fit_cfg, seed=seed), progress=progress, desc=f"{name} seed {seed}")
     elif name == "markov":
         model, info = _fit_markov(split)
@@ -80,8 +82,9 @@ def run_one(name: str, split: Split, seed: int, fit_cfg: FitConfig, progress: bo
         model = build(name, split.n_items, split.max_len, split.train_sequences)
         info["train_s"] = time.perf_counter() - t0
     ranks = evaluate(model, split.test, split.n_items)
-    return {"seed": seed, "metrics": summarize(ranks), "buckets": by_history(ndcg(ranks["full"]), split.test.history_len),
-            "wall_s": time.perf_counter() - t0, **info}
+    user_ndcg = ndcg(ranks["full"])
+    return {"seed": seed, "metrics": summarize(ranks), "buckets": by_history(user_ndcg, split.test.history_len),
+            "wall_s": time.perf_counter() - t0, **info, **({"user_ndcg": user_ndcg.tolist()} if per_user else {})}
 
 
 def _stats(values: list[float]) -> dict:
@@ -102,7 +105,10 @@ def aggregate(runs: list[dict]) -> dict:
 
 
 def run_recsys(data: str | Interactions = "synthetic", models=MODELS, seeds: int = 3, max_len: int = 50,
-               fit_cfg: FitConfig | None = None, progress: bool = False, wheel: Path | None = None) -> dict:
+               fit_cfg: FitConfig | None = None, progress: bool = False, wheel: Path | None = None,
+               device: str = "cpu", per_user: bool = False) -> dict:
+    """Every model x seed on one dataset. ``per_user``: each run keeps its test users' NDCG@10 and the result their
+    history lengths (``test_history_len``), for paired comparisons."""
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         raise ValueError(f"--models {','.join(unknown)}: not known; choose from {','.join(MODELS)}")
@@ -115,10 +121,14 @@ def run_recsys(data: str | Interactions = "synthetic", models=MODELS, seeds: int
     split = leave_one_out(inter, max_len)
     fit_cfg = fit_cfg or FitConfig()
     out = {"data": inter.describe(), "split": split.describe(), "protocol": PROTOCOL_NOTE.format(max_len=max_len),
-           "protocols": list(PROTOCOLS), "k": K, "fit": fit_cfg.to_dict(), "hparams": HPARAMS, "models": {}}
+           "protocols": list(PROTOCOLS), "k": K, "fit": fit_cfg.to_dict(), "hparams": HPARAMS, "device": device,
+           "models": {}}
+    if per_user:
+        out["test_history_len"] = split.test.history_len.tolist()
     for name in models:
         # counting models are deterministic: one run stands for every seed
-        runs = [run_one(name, split, s, fit_cfg, progress) for s in (range(seeds) if name in NEURAL else [0])]
+        runs = [run_one(name, split, s, fit_cfg, progress, device, per_user)
+                for s in (range(seeds) if name in NEURAL else [0])]
         out["models"][name] = {"runs": runs, **aggregate(runs)}
     return out
 

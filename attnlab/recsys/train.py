@@ -86,12 +86,20 @@ class FitConfig:
         return asdict(self)
 
 
+def model_device(model) -> torch.device:
+    """Where a model's weights (or, for the counting models, its buffers) live; the CPU when it has neither."""
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
 @torch.no_grad()
 def scores(model, ev: EvalSet, batch_size: int = 256) -> torch.Tensor:
-    """(U, n_items + 1) scores after each user's input, in eval mode."""
+    """(U, n_items + 1) scores after each user's input, in eval mode, on the CPU (the inputs go to the model)."""
     was = model.training
     model.eval()
-    out = [model.score_last(ev.inputs[i:i + batch_size], ev.lengths[i:i + batch_size])
+    dev = model_device(model)
+    out = [model.score_last(ev.inputs[i:i + batch_size].to(dev), ev.lengths[i:i + batch_size].to(dev)).cpu()
            for i in range(0, ev.inputs.shape[0], batch_size)]
     model.train(was)
     return torch.cat(out)
@@ -120,13 +128,13 @@ def _loss(model, windows: torch.Tensor, cfg: FitConfig, n_items: int, gen: torch
           skip: torch.Tensor | None = None) -> torch.Tensor:
     inputs, targets = windows[:, :-1], windows[:, 1:]  # (B, T) each; 0 = padding, no loss there
     if skip is not None:  # (B,) leading targets another window scores this epoch: context only here
-        targets = targets.masked_fill(torch.arange(targets.shape[1]) < skip[:, None], 0)
+        targets = targets.masked_fill(torch.arange(targets.shape[1], device=targets.device) < skip[:, None], 0)
     h = model.hidden(inputs)  # (B, T, dim)
     if cfg.loss == "ce":
         real = targets != 0  # score only real positions: ~19% of ML-100K's window positions are padding
         logits = h[real] @ model.item_emb.weight.t()  # (N, V): the model's own scores, as forward() gives them
         return F.cross_entropy(logits, targets[real], label_smoothing=cfg.label_smoothing)
-    neg = torch.randint(1, n_items, targets.shape, generator=gen)
+    neg = torch.randint(1, n_items, targets.shape, generator=gen).to(targets.device)  # drawn on the CPU: seeded alike
     neg = neg + (neg >= targets).long()  # uniform over items other than the target
     emb = model.item_emb
     pos_s, neg_s = (h * emb(targets)).sum(-1), (h * emb(neg)).sum(-1)  # (B, T)
@@ -138,6 +146,7 @@ def fit(model, split: Split, cfg: FitConfig, progress: bool = False, desc: str =
     """Train ``model`` on ``split`` in place; returns the history and timings (training time excludes evaluation)."""
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
+    dev = model_device(model)  # batches are cut on the CPU and sent there
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             betas=(cfg.beta1, cfg.beta2))
     windows, skip = split.train_windows, None
@@ -164,7 +173,8 @@ def fit(model, split: Split, cfg: FitConfig, progress: bool = False, desc: str =
                 group["lr"] = cfg.lr * lr_factor(step, steps_per_epoch, cfg)
             step += 1
             rows = order[i:i + cfg.batch_size]
-            loss = _loss(model, windows[rows], cfg, split.n_items, gen, None if skip is None else skip[rows])
+            loss = _loss(model, windows[rows].to(dev), cfg, split.n_items, gen,
+                         None if skip is None else skip[rows].to(dev))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

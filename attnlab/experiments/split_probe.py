@@ -1,0 +1,192 @@
+"""One process's share of claim 17's measurements (e17_split_devices.py), run on each of P ranks by ``run_local``.
+
+Three computations over one sequence of T positions, each timed ``calls`` times after a warm-up: ring attention
+forward + backward on this rank's zig-zag share, the SSM's scan split by summaries (distributed/scan.py) on this
+rank's chunk, and an LSTM on its T/P steps, started only once the previous rank hands over its final state (the
+relay: the exact split of a nonlinear recurrence). Then one exchange of a key/value block between neighbours, the
+communication a ring step waits for.
+
+Each rank reports its own compute time per call on ``clock``: its thread's CPU time on CPUs (waits for peers and
+turns given to other tenants excluded), synchronised wall time on a GPU. The caller turns them into critical paths.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import resource
+import time
+
+import torch
+import torch.distributed as dist
+
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)
+MMAP_FROM_BYTES = 1 << 16
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def map_large_allocations() -> bool:
+    """Serve every allocation of 64 KiB or more by mmap, returned to the OS when freed. glibc otherwise raises its
+    mmap threshold as large blocks are freed, after which tensors come from the heap and its high-water mark depends
+    on fragmentation: the resident peak then varies from run to run for the same tensors."""
+    libc = _libc()
+    return bool(libc and libc.mallopt(M_MMAP_THRESHOLD, MMAP_FROM_BYTES))
+
+
+def _status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        pass
+    return None
+
+
+class PeakWindow:
+    """A peak-memory window: ``start()`` then ``peak_bytes()`` = the most held above the start, in between.
+
+    CPU: freed heap pages go back to the OS (malloc_trim) and the kernel's resident high-water mark is reset
+    (/proc/self/clear_refs 5), so the peak is the work's, not start-up's. GPU: max_memory_allocated."""
+
+    def __init__(self, dev: torch.device):
+        self.dev, self.base = dev, 0
+
+    def start(self) -> None:
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+            torch.cuda.reset_peak_memory_stats(self.dev)
+            self.base = torch.cuda.memory_allocated(self.dev)
+            return
+        libc = _libc()
+        if libc is not None:
+            libc.malloc_trim(0)
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.base = _status_bytes("VmRSS") or 0
+        except OSError:  # no /proc (not Linux): the lifetime maximum
+            self.base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def peak_bytes(self) -> int:
+        if self.dev.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.dev) - self.base
+        peak = _status_bytes("VmHWM")
+        return (peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) - self.base
+
+
+def clock_for(dev: torch.device):
+    """What one rank's own work costs: CPU time of this thread on CPUs, synchronised wall time on a GPU."""
+    if dev.type == "cuda":
+        def clock():
+            torch.cuda.synchronize(dev)
+            return time.perf_counter()
+        return clock
+    return time.thread_time
+
+
+def _wall(dev: torch.device) -> float:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter()
+
+
+def _attention(rank, world, s, dev, clock, out) -> None:
+    from attnlab.distributed import ring
+
+    Tl, peak = ring.padded_len(s["T"], world) // world, PeakWindow(dev)
+    for call in range(s["calls"] + 1):
+        peak.start()
+        q, k, v = (torch.randn(1, s["H"], Tl, s["D"], device=dev, requires_grad=True) for _ in range(3))
+        dist.barrier()
+        w0, c0 = _wall(dev), clock()
+        ring.ring_attention(q, k, v, causal=True, scale=s["D"] ** -0.5, seq_len=s["T"]).sum().backward()
+        c1 = clock()
+        dist.barrier()
+        if call:  # the first call warms up
+            out["attn_s"].append(c1 - c0)
+            out["attn_wall_s"].append(_wall(dev) - w0)
+            out["attn_peak_bytes"].append(peak.peak_bytes())
+        del q, k, v
+
+
+def _ssm(rank, world, s, dev, clock, out) -> None:
+    from attnlab.distributed.scan import scan_split, split_lengths
+
+    t, B, E, N = split_lengths(s["T"], world)[rank], s["ssm_batch"], s["ssm_dim"], s["ssm_state"]
+    g = torch.Generator().manual_seed(rank)
+    u, delta = torch.randn(B, t, E, generator=g), torch.rand(B, t, E, generator=g) * 0.1
+    Bt, Ct = torch.randn(B, t, N, generator=g), torch.randn(B, t, N, generator=g)
+    A, D, h0 = -torch.rand(E, N, generator=g) - 0.1, torch.randn(E, generator=g), torch.zeros(B, E, N)
+    u, delta, Bt, Ct, A, D, h0 = (x.to(dev) for x in (u, delta, Bt, Ct, A, D, h0))
+    for call in range(s["calls"] + 1):
+        dist.barrier()
+        w0 = _wall(dev)
+        _, _, phases = scan_split(u, delta, A, Bt, Ct, D, h0, clock=clock)
+        dist.barrier()
+        if call:
+            out["ssm_scan_s"].append(phases["scan_s"])
+            out["ssm_fix_s"].append(phases["fix_s"])
+            out["ssm_wall_s"].append(_wall(dev) - w0)
+
+
+@torch.no_grad()
+def _lstm(rank, world, s, dev, clock, out) -> None:
+    dim = s["lstm_dim"]
+    torch.manual_seed(rank)
+    lstm = torch.nn.LSTM(dim, dim, batch_first=True).to(dev)
+    x = torch.randn(1, s["T"] // world, dim, device=dev)  # this rank's stretch of the sequence
+    for call in range(s["calls"] + 1):
+        dist.barrier()
+        w0 = _wall(dev)
+        h = torch.zeros(2, 1, 1, dim, device=dev)  # (h, c) stacked
+        if rank > 0:
+            dist.recv(h, rank - 1)  # the chain: wait for the previous stretch's final state
+        c0 = clock()
+        _, (hn, cn) = lstm(x, (h[0], h[1]))
+        c1 = clock()
+        if rank < world - 1:
+            dist.send(torch.stack([hn, cn]).contiguous(), rank + 1)
+        dist.barrier()
+        if call:
+            out["lstm_s"].append(c1 - c0)
+            out["lstm_wall_s"].append(_wall(dev) - w0)
+
+
+def _exchange_s(rank, world, s, dev) -> float:
+    """Median wall time of passing one key/value block (this rank's k and v) to the next rank, as a ring step does."""
+    if world == 1:
+        return 0.0
+    from attnlab.distributed import ring
+
+    Tl = ring.padded_len(s["T"], world) // world
+    send, recv = torch.randn(2, 1, s["H"], Tl, s["D"], device=dev), torch.empty(2, 1, s["H"], Tl, s["D"], device=dev)
+    times = []
+    for _ in range(4):
+        dist.barrier()
+        w0 = _wall(dev)
+        ops = [dist.P2POp(dist.isend, send, (rank + 1) % world), dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        times.append(_wall(dev) - w0)
+    return sorted(times[1:])[1]
+
+
+def rank_work(rank: int, world: int, setup: dict, device: str, parts=("attn", "ssm", "lstm")) -> dict:
+    """Rank ``rank`` of ``world``: the per-call times of ``parts`` and attention's per-call peak memory."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if torch.device(device).type == "cuda" else torch.device("cpu")
+    mapped = map_large_allocations() if dev.type == "cpu" else False
+    clock = clock_for(dev)
+    out = {k: [] for k in ("attn_s", "attn_wall_s", "attn_peak_bytes", "ssm_scan_s", "ssm_fix_s", "ssm_wall_s",
+                           "lstm_s", "lstm_wall_s")}
+    for part, fn in (("attn", _attention), ("ssm", _ssm), ("lstm", _lstm)):
+        if part in parts:
+            fn(rank, world, setup, dev, clock, out)
+    comm_s = _exchange_s(rank, world, setup, dev) if "attn" in parts else None
+    return {**out, "comm_s": comm_s, "device": str(dev), "mapped": mapped}
