@@ -143,29 +143,56 @@ def test_e07():
 
 
 # --- claim 8: remedies (owned elsewhere) --------------------------------------------------------------------------
-# --- claims 9 and 11: a ratio over repeats ------------------------------------------------------------------------
-def _e09(ratios):
-    return {"ratios_longest": ratios, "rows": [{"prompt_tokens": 512, "prefill_tok_per_s": 5000.0,
-                                                "decode_tok_per_s": 200.0}]}
+# --- claim 9: prefill vs decode and a flat TPOT, per round, in the memory/overhead-bound regime ------------------
+def _e09_round(ratio=20.0, tpot_growth=1.2, batch_cost=1.3, lens=(64, 512)):
+    first = {"prompt_tokens": lens[0], "ttft_s": 0.01, "tpot_s": 0.0014, "prefill_tok_per_s": 6000.0,
+             "decode_tok_per_s": 700.0}
+    tpot = 0.0014 * tpot_growth
+    last = {"prompt_tokens": lens[1], "ttft_s": 0.08, "tpot_s": tpot, "prefill_tok_per_s": ratio / tpot,
+            "decode_tok_per_s": 1 / tpot}
+    return {"rows": [first, last], "batch_step_cost": batch_cost}
+
+
+def _e09(*rounds):
+    return {"rounds": list(rounds), "rows": rounds[0]["rows"]}
 
 
 def test_e09():
-    _check("e09_prefill_decode", _e09([25.0, 30.0, 28.0]), SUPPORTED)
-    _check("e09_prefill_decode", _e09([2.0, 3.0, 4.5]), NOT_SUPPORTED)
-    _check("e09_prefill_decode", _e09([4.0, 6.0, 5.5]), INCONCLUSIVE)
+    d = _check("e09_prefill_decode", _e09(*[_e09_round()] * 3), SUPPORTED)
+    assert len(d.repeats) == 3 and d.regime and all(c["met"] for c in d.regime)
+    _check("e09_prefill_decode", _e09(*[_e09_round(ratio=3.0)] * 3), NOT_SUPPORTED)  # prefill not many times decode
+    _check("e09_prefill_decode", _e09(*[_e09_round(tpot_growth=1.8)] * 3), NOT_SUPPORTED)  # TPOT not flat
+    d = _check("e09_prefill_decode", _e09(_e09_round(), _e09_round(tpot_growth=1.8), _e09_round()), INCONCLUSIVE)
+    assert d.qualifier == UNSTABLE
+    d = _check("e09_prefill_decode", _e09(*[_e09_round(batch_cost=5.0)] * 3), INCONCLUSIVE)  # compute-bound decode
+    assert d.qualifier == REGIME_NOT_REACHED
+    d = _check("e09_prefill_decode", _e09(*[_e09_round(lens=(64, 256))] * 3), INCONCLUSIVE)  # prompt too short
+    assert d.qualifier == REGIME_NOT_REACHED
 
 
-def _e11(ratios):
-    return {"runs": [{"ratio": r} for r in ratios], "modelled_ratio": {"h100-sxm": 300.0, "rtx-4090": 200.0}}
+# --- claim 11: input vs output tokens, batched, per repetition -----------------------------------------------------
+def _e11_rep(ratios=(8.0, 5.0), batches=(8, 32), steps=32, prompt=256):
+    return [{"batch": b, "prompt_tokens": prompt, "new_tokens": 32, "steps": steps, "input_s_per_token": 1e-4,
+             "output_s_per_token": r * 1e-4, "ratio": r} for b, r in zip(batches, ratios)]
+
+
+def _e11(*reps):
+    return {"repeats": list(reps), "batches": [r["batch"] for r in reps[0]],
+            "modelled_ratio": {"h100-sxm": 24.0, "rtx-4090": 10.0}}
 
 
 def test_e11():
-    d = _check("e11_input_cheaper", _e11([30.0, 31.0, 29.0]), SUPPORTED)
-    assert any(r.startswith("model (not in the verdict)") for r in d.reasons)
-    _check("e11_input_cheaper", _e11([1.5, 2.0, 2.5]), NOT_SUPPORTED)
-    _check("e11_input_cheaper", _e11([2.5, 3.5, 4.0]), INCONCLUSIVE)
+    d = _check("e11_input_cheaper", _e11(*[_e11_rep()] * 3), SUPPORTED)
+    assert any(r.startswith("model (not in the verdict)") for r in d.reasons) and len(d.repeats) == 3
+    _check("e11_input_cheaper", _e11(*[_e11_rep((4.0, 2.0))] * 3), NOT_SUPPORTED)  # fails at batch 32
+    d = _check("e11_input_cheaper", _e11(_e11_rep(), _e11_rep((4.0, 2.0)), _e11_rep()), INCONCLUSIVE)
+    assert d.qualifier == UNSTABLE
+    d = _check("e11_input_cheaper", _e11(*[_e11_rep(batches=(1, 2))] * 3), INCONCLUSIVE)  # not a provider's batch
+    assert d.qualifier == REGIME_NOT_REACHED
+    d = _check("e11_input_cheaper", _e11(*[_e11_rep(steps=64)] * 3), INCONCLUSIVE)  # the batch did not decode together
+    assert d.qualifier == REGIME_NOT_REACHED
     # the GPU roofline is the model: a tiny modelled ratio does not change the verdict
-    _check("e11_input_cheaper", _with(_e11([30.0, 31.0, 29.0]), lambda m: m.update(modelled_ratio={"h200": 1.0})),
+    _check("e11_input_cheaper", _with(_e11(*[_e11_rep()] * 3), lambda m: m.update(modelled_ratio={"h200": 1.0})),
            SUPPORTED)
 
 
@@ -190,18 +217,28 @@ def test_e10():
     _check("e10_kv_cache", _with(_e10(), lambda m: m.update(decode_peaks=None, memory_error="no /proc")), INCONCLUSIVE)
 
 
-# --- claim 12: end-to-end chat time -------------------------------------------------------------------------------
-def _e12(resend, reuse):
-    return {"turns": 8, "total_s_by_repeat": {"resend": resend, "reuse": reuse}, "resent_token_exponent": 1.9,
-            "prompt_tokens": {"resend": [48, 160], "reuse": [48, 112]}}
+# --- claim 12: end-to-end chat time, per repetition, with the original threshold beside -------------------------
+def _e12(resend, reuse, reuse_tokens=979):
+    return {"turns": 20, "user_tokens": 48, "last_history_tokens": 1416, "total_s_by_repeat": {"resend": resend, "reuse": reuse},
+            "resent_token_exponent": 1.9, "prompt_tokens": {"resend": [48, 14640], "reuse": [48, 979]},
+            "prompt_tokens_by_repeat": {"resend": [14640] * len(resend), "reuse": [reuse_tokens] * len(reuse)}}
 
 
 def test_e12():
-    d = _check("e12_long_chats", _e12([2.0, 2.1, 2.2], [1.0, 1.05, 1.1]), SUPPORTED)
+    d = _check("e12_long_chats", _e12([2.2, 2.1, 2.2], [1.0, 1.05, 1.1]), SUPPORTED)
     assert any(r.startswith("model (not in the verdict)") for r in d.reasons)
+    assert len(d.repeats) == 3 and all(c["met"] for c in d.regime)
+    assert any("original threshold" in r and "-> supported" in r for r in d.reasons)  # 2.0x and more: both pass
+    d = _check("e12_long_chats", _e12([1.82, 1.82, 1.82], [1.0, 1.0, 1.0]), SUPPORTED)  # the 1.82x reference run
+    assert any("original threshold" in r and "-> not supported" in r for r in d.reasons)
     _check("e12_long_chats", _e12([1.2, 1.25, 1.3], [1.1, 1.12, 1.14]), NOT_SUPPORTED)  # faster, but under 1.25x
     _check("e12_long_chats", _e12([1.0, 1.05, 1.1], [2.0, 2.1, 2.2]), NOT_SUPPORTED)  # reuse slower
-    _check("e12_long_chats", _e12([2.0, 1.0, 1.6], [1.2, 1.3, 1.4]), INCONCLUSIVE)  # within the spread
+    d = _check("e12_long_chats", _e12([2.0, 1.0, 2.0], [1.0, 1.0, 1.0]), INCONCLUSIVE)  # one repetition disagrees
+    assert d.qualifier == UNSTABLE
+    d = _check("e12_long_chats", _e12([2.2, 2.1, 2.2], [1.0, 1.05, 1.1], reuse_tokens=14640), INCONCLUSIVE)
+    assert d.qualifier == REGIME_NOT_REACHED  # the prefix cache never hit: not the claim's comparison
+    d = _check("e12_long_chats", _with(_e12([2.2, 2.1, 2.2], [1.0, 1.05, 1.1]), lambda m: m.update(turns=4)), INCONCLUSIVE)
+    assert d.qualifier == REGIME_NOT_REACHED
 
 
 # --- claim 13: speculative decoding -------------------------------------------------------------------------------
