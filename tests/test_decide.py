@@ -196,25 +196,34 @@ def test_e11():
            SUPPORTED)
 
 
-# --- claim 10: speedup and measured decode memory -----------------------------------------------------------------
+# --- claim 10: speedup per repetition, memory counted as the cache grows --------------------------------------------
 PER_TOK = 18432
 
 
-def _e10(first=(1.5, 1.6, 1.7), last=(9.0, 10.0, 11.0), slope=PER_TOK, bump=0):
-    ctx = [70, 134, 262, 518]
-    peaks = [{"context": c, "peak_bytes": 40_000 + slope * c + (bump if c == 262 else 0), "state_nbytes": PER_TOK * c}
-             for c in ctx]
-    return {"lengths": [64, 128, 256, 512], "speedups": {"64": list(first), "512": list(last)},
-            "formula_bytes_per_token": PER_TOK, "decode_peaks": peaks, "memory_error": None}
+def _e10_rep(first=1.6, last=10.0, lens=(64, 128, 256, 512)):
+    return [{"context": T, "cached_tpot_s": 0.001, "uncached_tpot_s": 0.001 * s, "speedup": s}
+            for T, s in zip(lens, (first, 3.0, 5.0, last))]
+
+
+def _e10(*reps, slope=PER_TOK, bump=0, lstm_slope=0, lens=(64, 128, 256, 512)):
+    kv = [{"context": c, "bytes": 40_000 + slope * c + (bump if c == 256 else 0)} for T in lens for c in range(T, T + 7)]
+    rnn = [{"context": c, "bytes": 12_800 + lstm_slope * c} for T in lens for c in range(T, T + 7)]
+    return {"lengths": list(lens), "repeats": [_e10_rep(*r, lens=lens) for r in (reps or [()] * 3)],
+            "formula_bytes_per_token": PER_TOK, "kv_growth": kv, "lstm_growth": rnn, "memory_error": None}
 
 
 def test_e10():
-    _check("e10_kv_cache", _e10(), SUPPORTED)
-    _check("e10_kv_cache", _e10(last=(1.0, 1.2, 1.3)), NOT_SUPPORTED)  # no growth, below 3x
+    d = _check("e10_kv_cache", _e10(), SUPPORTED)
+    assert len(d.repeats) == 3 and d.regime and all(c["met"] for c in d.regime)
+    _check("e10_kv_cache", _e10((1.5, 1.3), (1.5, 1.3), (1.5, 1.3)), NOT_SUPPORTED)  # no growth, below 3x
     _check("e10_kv_cache", _e10(slope=2 * PER_TOK), NOT_SUPPORTED)  # holds twice the formula: a copy of the cache
     _check("e10_kv_cache", _e10(bump=3_000_000), NOT_SUPPORTED)  # not on a line
-    _check("e10_kv_cache", _e10(last=(2.5, 3.2, 3.5)), INCONCLUSIVE)  # repeats straddle 3x
-    _check("e10_kv_cache", _with(_e10(), lambda m: m.update(decode_peaks=None, memory_error="no /proc")), INCONCLUSIVE)
+    _check("e10_kv_cache", _e10(lstm_slope=4096), NOT_SUPPORTED)  # the LSTM's state grows with the context
+    d = _check("e10_kv_cache", _e10((1.6, 10.0), (5.0, 6.0), (1.6, 10.0)), INCONCLUSIVE)  # one repetition: no growth
+    assert d.qualifier == UNSTABLE
+    _check("e10_kv_cache", _with(_e10(), lambda m: m.update(kv_growth=None, memory_error="failed")), INCONCLUSIVE)
+    d = _check("e10_kv_cache", _e10(lens=(32, 64, 96, 128)), INCONCLUSIVE)  # contexts too short for the claim
+    assert d.qualifier == REGIME_NOT_REACHED
 
 
 # --- claim 12: end-to-end chat time, per repetition, with the original threshold beside -------------------------
