@@ -142,7 +142,34 @@ def test_e07():
     _check("e07_ffn_share", _e07((1.0, 2.0), (1.5, 1.6)), INCONCLUSIVE)
 
 
-# --- claim 8: remedies (owned elsewhere) --------------------------------------------------------------------------
+# --- claim 8: remedies, one window for both halves, per repetition (a timing round and a recall seed) ----------
+E08_EXPS = {"sdpa": 2.0, "flash": 1.9, "sliding": 1.0, "block_sparse": 1.5, "linear": 1.0, "ssm": 1.0}
+
+
+def _e08(tr=(1.0, 0.99, 1.0), rem=(0.1, 0.12, 0.11), exps=(E08_EXPS,) * 3, small=None, lens=(1024, 2048, 4096)):
+    def rec(top):
+        return {"params": 100_000, "test": {"4": [{"acc": a} for a in (small or top)], "16": [{"acc": a} for a in top]}}
+
+    rounds = [{k: [1e-3 * (T / 1024) ** e for T in lens] for k, e in x.items()} for x in exps]
+    return {"lengths": list(lens), "window": 8, "times_s": rounds[0], "times_s_by_round": rounds,
+            "recall": {"transformer": rec(tr), **{f: rec(rem) for f in ("sliding", "block_sparse", "linear", "ssm")}}}
+
+
+def test_e08():
+    d = _check("e08_remedies", _e08(), SUPPORTED)
+    assert len(d.repeats) == 3 and d.regime and all(c["met"] for c in d.regime)
+    _check("e08_remedies", _e08(rem=(1.0, 0.99, 1.0)), NOT_SUPPORTED)  # the remedies recall as well
+    _check("e08_remedies", _e08(exps=({**E08_EXPS, "sliding": 2.2},) * 3), NOT_SUPPORTED)  # a remedy grows faster
+    _check("e08_remedies", _e08(exps=({**E08_EXPS, "block_sparse": 0.68},) * 3), INCONCLUSIVE)  # implausible fit
+    _check("e08_remedies", _e08(rem=(0.97, 0.96, 0.97)), INCONCLUSIVE)  # exact ahead by less than the margin
+    d = _check("e08_remedies", _e08(exps=(E08_EXPS, {**E08_EXPS, "linear": 2.1}, E08_EXPS)), INCONCLUSIVE)
+    assert d.qualifier == UNSTABLE
+    d = _check("e08_remedies", _e08(tr=(0.4, 0.3, 0.35), rem=(0.1, 0.1, 0.1)), INCONCLUSIVE)  # nobody learned recall
+    assert d.qualifier == REGIME_NOT_REACHED
+    d = _check("e08_remedies", _e08(lens=(64, 128, 256)), INCONCLUSIVE)  # n too short for the window's exponent
+    assert d.qualifier == REGIME_NOT_REACHED
+
+
 # --- claim 9: prefill vs decode and a flat TPOT, per round, in the memory/overhead-bound regime ------------------
 def _e09_round(ratio=20.0, tpot_growth=1.2, batch_cost=1.3, lens=(64, 512)):
     first = {"prompt_tokens": lens[0], "ttft_s": 0.01, "tpot_s": 0.0014, "prefill_tok_per_s": 6000.0,
