@@ -133,7 +133,8 @@ def _one(lens, times: dict, acc: dict) -> Decision:
     fmt = lambda e: "?" if e is None else f"{e:.2f}"
     reasons.append(f"sdpa {fmt(exps['sdpa'])} vs " + ", ".join(f"{k} {fmt(exps[k])}" for k in REMEDIES)
                    + f"; MQAR exact {acc['transformer']:.0%} vs " + ", ".join(f"{f} {acc[f]:.0%}" for f in diff)
-                   + "; beaten by more than the margin: " + (", ".join(f for f, w in wins.items() if w) or "none"))
+                   + "; beaten by more than the margin: " + (", ".join(f for f, w in wins.items() if w) or "none")
+                   + (f"; implausible fits (a measuring fault): {', '.join(implausible)}" if implausible else ""))
     return Decision(verdict(ok), reasons[-1], reasons)
 
 
