@@ -44,7 +44,7 @@ CHANGES = [
              "length is now timed in each of 3 "
              "rounds, each decided alone, and the regime (decode memory/overhead-bound, prefill long) is measured.")},
 ]
-EST_S = {"quick": 4, "full": 10}  # seconds on a 2-core CPU: the report's progress estimate
+EST_S = {"quick": 4, "full": 15}  # seconds on a 2-core CPU: the report's progress estimate
 MIN_RATIO, FLAT_TPOT, REPEATS, BATCH = 5, 1.5, FULL_REPEATS, 8
 MIN_PROMPT, MIN_RANGE, MAX_BATCH_COST = 512, 8, 2.0
 

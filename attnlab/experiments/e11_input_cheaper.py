@@ -45,7 +45,7 @@ CHANGES = [
              "nothing of its own. Pricing is about a server's batches, where decode amortises the weights over every "
              "sequence in the step; the threshold's number (3) is unchanged. The modelled GPU ratio is now for batch 32.")},
 ]
-EST_S = {"quick": 4, "full": 12}  # seconds on a 2-core CPU: the report's progress estimate
+EST_S = {"quick": 3, "full": 8}  # seconds on a 2-core CPU: the report's progress estimate
 MIN_RATIO, REPEATS = 3, FULL_REPEATS
 SETTINGS = {"quick": dict(batches=(8, 16), prompt=256, new=16), "full": dict(batches=(8, 32), prompt=256, new=32)}
 MIN_BATCH, MAX_BATCH, MIN_PROMPT = 8, 32, 256
