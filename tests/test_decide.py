@@ -266,66 +266,139 @@ def test_e07():
     assert out.qualifier == UNSTABLE
 
 
-# --- claim 8: remedies (owned elsewhere) --------------------------------------------------------------------------
-# --- claims 9 and 11: a ratio over repeats ------------------------------------------------------------------------
-def _e09(ratios):
-    return {"ratios_longest": ratios, "rows": [{"prompt_tokens": 512, "prefill_tok_per_s": 5000.0,
-                                                "decode_tok_per_s": 200.0}]}
+# --- claim 8: remedies, one window for both halves, per repetition (a timing round and a recall seed) ----------
+E08_EXPS = {"sdpa": 2.0, "flash": 1.9, "sliding": 1.0, "block_sparse": 1.5, "linear": 1.0, "ssm": 1.0}
+
+
+def _e08(tr=(1.0, 0.99, 1.0), rem=(0.1, 0.12, 0.11), exps=(E08_EXPS,) * 3, small=None, lens=(1024, 2048, 4096)):
+    def rec(top):
+        return {"params": 100_000, "test": {"4": [{"acc": a} for a in (small or top)], "16": [{"acc": a} for a in top]}}
+
+    rounds = [{k: [1e-3 * (T / 1024) ** e for T in lens] for k, e in x.items()} for x in exps]
+    return {"lengths": list(lens), "window": 8, "times_s": rounds[0], "times_s_by_round": rounds,
+            "recall": {"transformer": rec(tr), **{f: rec(rem) for f in ("sliding", "block_sparse", "linear", "ssm")}}}
+
+
+def test_e08():
+    d = _check("e08_remedies", _e08(), SUPPORTED)
+    assert len(d.repeats) == 3 and d.regime and all(c["met"] for c in d.regime)
+    _check("e08_remedies", _e08(rem=(1.0, 0.99, 1.0)), NOT_SUPPORTED)  # the remedies recall as well
+    _check("e08_remedies", _e08(exps=({**E08_EXPS, "sliding": 2.2},) * 3), NOT_SUPPORTED)  # a remedy grows faster
+    _check("e08_remedies", _e08(exps=({**E08_EXPS, "block_sparse": 0.68},) * 3), INCONCLUSIVE)  # implausible fit
+    _check("e08_remedies", _e08(rem=(0.97, 0.96, 0.97)), INCONCLUSIVE)  # exact ahead by less than the margin
+    d = _check("e08_remedies", _e08(exps=(E08_EXPS, {**E08_EXPS, "linear": 2.1}, E08_EXPS)), INCONCLUSIVE)
+    assert d.qualifier == UNSTABLE
+    d = _check("e08_remedies", _e08(tr=(0.4, 0.3, 0.35), rem=(0.1, 0.1, 0.1)), INCONCLUSIVE)  # nobody learned recall
+    assert d.qualifier == REGIME_NOT_REACHED
+    d = _check("e08_remedies", _e08(lens=(64, 128, 256)), INCONCLUSIVE)  # n too short for the window's exponent
+    assert d.qualifier == REGIME_NOT_REACHED
+
+
+# --- claim 9: prefill vs decode and a flat TPOT, per round, in the memory/overhead-bound regime ------------------
+def _e09_round(ratio=20.0, tpot_growth=1.2, batch_cost=1.3, lens=(64, 512)):
+    first = {"prompt_tokens": lens[0], "ttft_s": 0.01, "tpot_s": 0.0014, "prefill_tok_per_s": 6000.0,
+             "decode_tok_per_s": 700.0}
+    tpot = 0.0014 * tpot_growth
+    last = {"prompt_tokens": lens[1], "ttft_s": 0.08, "tpot_s": tpot, "prefill_tok_per_s": ratio / tpot,
+            "decode_tok_per_s": 1 / tpot}
+    return {"rows": [first, last], "batch_step_cost": batch_cost}
+
+
+def _e09(*rounds):
+    return {"rounds": list(rounds), "rows": rounds[0]["rows"]}
 
 
 def test_e09():
-    _check("e09_prefill_decode", _e09([25.0, 30.0, 28.0]), SUPPORTED)
-    _check("e09_prefill_decode", _e09([2.0, 3.0, 4.5]), NOT_SUPPORTED)
-    _check("e09_prefill_decode", _e09([4.0, 6.0, 5.5]), INCONCLUSIVE)
+    d = _check("e09_prefill_decode", _e09(*[_e09_round()] * 3), SUPPORTED)
+    assert len(d.repeats) == 3 and d.regime and all(c["met"] for c in d.regime)
+    _check("e09_prefill_decode", _e09(*[_e09_round(ratio=3.0)] * 3), NOT_SUPPORTED)  # prefill not many times decode
+    _check("e09_prefill_decode", _e09(*[_e09_round(tpot_growth=1.8)] * 3), NOT_SUPPORTED)  # TPOT not flat
+    d = _check("e09_prefill_decode", _e09(_e09_round(), _e09_round(tpot_growth=1.8), _e09_round()), INCONCLUSIVE)
+    assert d.qualifier == UNSTABLE
+    d = _check("e09_prefill_decode", _e09(*[_e09_round(batch_cost=5.0)] * 3), INCONCLUSIVE)  # compute-bound decode
+    assert d.qualifier == REGIME_NOT_REACHED
+    d = _check("e09_prefill_decode", _e09(*[_e09_round(lens=(64, 256))] * 3), INCONCLUSIVE)  # prompt too short
+    assert d.qualifier == REGIME_NOT_REACHED
 
 
-def _e11(ratios):
-    return {"runs": [{"ratio": r} for r in ratios], "modelled_ratio": {"h100-sxm": 300.0, "rtx-4090": 200.0}}
+# --- claim 11: input vs output tokens, batched, per repetition -----------------------------------------------------
+def _e11_rep(ratios=(8.0, 5.0), batches=(8, 32), steps=32, prompt=256):
+    return [{"batch": b, "prompt_tokens": prompt, "new_tokens": 32, "steps": steps, "input_s_per_token": 1e-4,
+             "output_s_per_token": r * 1e-4, "ratio": r} for b, r in zip(batches, ratios)]
+
+
+def _e11(*reps):
+    return {"repeats": list(reps), "batches": [r["batch"] for r in reps[0]],
+            "modelled_ratio": {"h100-sxm": 24.0, "rtx-4090": 10.0}}
 
 
 def test_e11():
-    d = _check("e11_input_cheaper", _e11([30.0, 31.0, 29.0]), SUPPORTED)
-    assert any(r.startswith("model (not in the verdict)") for r in d.reasons)
-    _check("e11_input_cheaper", _e11([1.5, 2.0, 2.5]), NOT_SUPPORTED)
-    _check("e11_input_cheaper", _e11([2.5, 3.5, 4.0]), INCONCLUSIVE)
+    d = _check("e11_input_cheaper", _e11(*[_e11_rep()] * 3), SUPPORTED)
+    assert any(r.startswith("model (not in the verdict)") for r in d.reasons) and len(d.repeats) == 3
+    _check("e11_input_cheaper", _e11(*[_e11_rep((4.0, 2.0))] * 3), NOT_SUPPORTED)  # fails at batch 32
+    d = _check("e11_input_cheaper", _e11(_e11_rep(), _e11_rep((4.0, 2.0)), _e11_rep()), INCONCLUSIVE)
+    assert d.qualifier == UNSTABLE
+    d = _check("e11_input_cheaper", _e11(*[_e11_rep(batches=(1, 2))] * 3), INCONCLUSIVE)  # not a provider's batch
+    assert d.qualifier == REGIME_NOT_REACHED
+    d = _check("e11_input_cheaper", _e11(*[_e11_rep(steps=64)] * 3), INCONCLUSIVE)  # the batch did not decode together
+    assert d.qualifier == REGIME_NOT_REACHED
     # the GPU roofline is the model: a tiny modelled ratio does not change the verdict
-    _check("e11_input_cheaper", _with(_e11([30.0, 31.0, 29.0]), lambda m: m.update(modelled_ratio={"h200": 1.0})),
+    _check("e11_input_cheaper", _with(_e11(*[_e11_rep()] * 3), lambda m: m.update(modelled_ratio={"h200": 1.0})),
            SUPPORTED)
 
 
-# --- claim 10: speedup and measured decode memory -----------------------------------------------------------------
+# --- claim 10: speedup per repetition, memory counted as the cache grows --------------------------------------------
 PER_TOK = 18432
 
 
-def _e10(first=(1.5, 1.6, 1.7), last=(9.0, 10.0, 11.0), slope=PER_TOK, bump=0):
-    ctx = [70, 134, 262, 518]
-    peaks = [{"context": c, "peak_bytes": 40_000 + slope * c + (bump if c == 262 else 0), "state_nbytes": PER_TOK * c}
-             for c in ctx]
-    return {"lengths": [64, 128, 256, 512], "speedups": {"64": list(first), "512": list(last)},
-            "formula_bytes_per_token": PER_TOK, "decode_peaks": peaks, "memory_error": None}
+def _e10_rep(first=1.6, last=10.0, lens=(64, 128, 256, 512)):
+    return [{"context": T, "cached_tpot_s": 0.001, "uncached_tpot_s": 0.001 * s, "speedup": s}
+            for T, s in zip(lens, (first, 3.0, 5.0, last))]
+
+
+def _e10(*reps, slope=PER_TOK, bump=0, lstm_slope=0, lens=(64, 128, 256, 512)):
+    kv = [{"context": c, "bytes": 40_000 + slope * c + (bump if c == 256 else 0)} for T in lens for c in range(T, T + 7)]
+    rnn = [{"context": c, "bytes": 12_800 + lstm_slope * c} for T in lens for c in range(T, T + 7)]
+    return {"lengths": list(lens), "repeats": [_e10_rep(*r, lens=lens) for r in (reps or [()] * 3)],
+            "formula_bytes_per_token": PER_TOK, "kv_growth": kv, "lstm_growth": rnn, "memory_error": None}
 
 
 def test_e10():
-    _check("e10_kv_cache", _e10(), SUPPORTED)
-    _check("e10_kv_cache", _e10(last=(1.0, 1.2, 1.3)), NOT_SUPPORTED)  # no growth, below 3x
+    d = _check("e10_kv_cache", _e10(), SUPPORTED)
+    assert len(d.repeats) == 3 and d.regime and all(c["met"] for c in d.regime)
+    _check("e10_kv_cache", _e10((1.5, 1.3), (1.5, 1.3), (1.5, 1.3)), NOT_SUPPORTED)  # no growth, below 3x
     _check("e10_kv_cache", _e10(slope=2 * PER_TOK), NOT_SUPPORTED)  # holds twice the formula: a copy of the cache
     _check("e10_kv_cache", _e10(bump=3_000_000), NOT_SUPPORTED)  # not on a line
-    _check("e10_kv_cache", _e10(last=(2.5, 3.2, 3.5)), INCONCLUSIVE)  # repeats straddle 3x
-    _check("e10_kv_cache", _with(_e10(), lambda m: m.update(decode_peaks=None, memory_error="no /proc")), INCONCLUSIVE)
+    _check("e10_kv_cache", _e10(lstm_slope=4096), NOT_SUPPORTED)  # the LSTM's state grows with the context
+    d = _check("e10_kv_cache", _e10((1.6, 10.0), (5.0, 6.0), (1.6, 10.0)), INCONCLUSIVE)  # one repetition: no growth
+    assert d.qualifier == UNSTABLE
+    _check("e10_kv_cache", _with(_e10(), lambda m: m.update(kv_growth=None, memory_error="failed")), INCONCLUSIVE)
+    d = _check("e10_kv_cache", _e10(lens=(32, 64, 96, 128)), INCONCLUSIVE)  # contexts too short for the claim
+    assert d.qualifier == REGIME_NOT_REACHED
 
 
-# --- claim 12: end-to-end chat time -------------------------------------------------------------------------------
-def _e12(resend, reuse):
-    return {"turns": 8, "total_s_by_repeat": {"resend": resend, "reuse": reuse}, "resent_token_exponent": 1.9,
-            "prompt_tokens": {"resend": [48, 160], "reuse": [48, 112]}}
+# --- claim 12: end-to-end chat time, per repetition, with the original threshold beside -------------------------
+def _e12(resend, reuse, reuse_tokens=979):
+    return {"turns": 20, "user_tokens": 48, "last_history_tokens": 1416, "total_s_by_repeat": {"resend": resend, "reuse": reuse},
+            "resent_token_exponent": 1.9, "prompt_tokens": {"resend": [48, 14640], "reuse": [48, 979]},
+            "prompt_tokens_by_repeat": {"resend": [14640] * len(resend), "reuse": [reuse_tokens] * len(reuse)}}
 
 
 def test_e12():
-    d = _check("e12_long_chats", _e12([2.0, 2.1, 2.2], [1.0, 1.05, 1.1]), SUPPORTED)
+    d = _check("e12_long_chats", _e12([2.2, 2.1, 2.2], [1.0, 1.05, 1.1]), SUPPORTED)
     assert any(r.startswith("model (not in the verdict)") for r in d.reasons)
+    assert len(d.repeats) == 3 and all(c["met"] for c in d.regime)
+    assert any("original threshold" in r and "-> supported" in r for r in d.reasons)  # 2.0x and more: both pass
+    d = _check("e12_long_chats", _e12([1.82, 1.82, 1.82], [1.0, 1.0, 1.0]), SUPPORTED)  # the 1.82x reference run
+    assert any("original threshold" in r and "-> not supported" in r for r in d.reasons)
     _check("e12_long_chats", _e12([1.2, 1.25, 1.3], [1.1, 1.12, 1.14]), NOT_SUPPORTED)  # faster, but under 1.25x
     _check("e12_long_chats", _e12([1.0, 1.05, 1.1], [2.0, 2.1, 2.2]), NOT_SUPPORTED)  # reuse slower
-    _check("e12_long_chats", _e12([2.0, 1.0, 1.6], [1.2, 1.3, 1.4]), INCONCLUSIVE)  # within the spread
+    d = _check("e12_long_chats", _e12([2.0, 1.0, 2.0], [1.0, 1.0, 1.0]), INCONCLUSIVE)  # one repetition disagrees
+    assert d.qualifier == UNSTABLE
+    d = _check("e12_long_chats", _e12([2.2, 2.1, 2.2], [1.0, 1.05, 1.1], reuse_tokens=14640), INCONCLUSIVE)
+    assert d.qualifier == REGIME_NOT_REACHED  # the prefix cache never hit: not the claim's comparison
+    d = _check("e12_long_chats", _with(_e12([2.2, 2.1, 2.2], [1.0, 1.05, 1.1]), lambda m: m.update(turns=4)), INCONCLUSIVE)
+    assert d.qualifier == REGIME_NOT_REACHED
 
 
 # --- claim 13: speculative decoding -------------------------------------------------------------------------------
