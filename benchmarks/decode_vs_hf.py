@@ -39,7 +39,6 @@ import copy
 import json
 import statistics
 import tempfile
-from pathlib import Path
 
 import torch
 

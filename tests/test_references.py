@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from attnlab.experiments import registry
 from attnlab.report import reference_status
 from attnlab.report.references import (ROOT, claim_files, import_closure, stale_claims, unusable_results)
 
@@ -75,6 +76,11 @@ def test_committed_benchmark_results_are_references():
     benchmarks/results/not-reference/, which says why)."""
     bad = unusable_results(sorted((ROOT / "benchmarks" / "results").glob("*.json")))
     assert not bad, "move these to benchmarks/results/not-reference/ or rerun them from a clean tree: " + repr(bad)
+
+
+def test_every_claim_states_its_regime():
+    missing = [e.id for e in registry().values() if not e.regime.strip()]
+    assert not missing, f"claims without a REGIME (where the claim applies, stated before measuring): {missing}"
 
 
 @pytest.mark.xfail(strict=True, reason=(

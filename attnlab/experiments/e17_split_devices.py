@@ -7,7 +7,6 @@ exact split is a relay of its state from rank to rank. Each round launches fresh
 reversed every other round) and is decided alone; the rounds must agree (``over_repeats``).
 """
 import os
-import time
 
 import torch
 
