@@ -55,19 +55,20 @@ MODELS = {"transformer": dict(kernel="naive"), "rnn": dict(family="rnn"), "lstm"
           "gru": dict(family="gru"), "ssm-sequential": dict(family="ssm", scan="sequential", pos="none"),
           "ssm-parallel": dict(family="ssm", scan="parallel", pos="none"),
           "lstm (fused)": dict(family="lstm", fused=True)}
-# Traced on the CPU, where the fused kernel is one op a layer (on "meta" torch unrolls it into per-step ops).
-ON_CPU = ("lstm (fused)",)
+# Traced on the report's device, where the fused kernel is one op a layer (oneDNN, cuDNN); on "meta" torch
+# unrolls it into per-step ops.
+ON_DEVICE = ("lstm (fused)",)
 RECURRENT = ("rnn", "lstm", "gru", "lstm (fused)")
 RECURRENT_MIN, TRANSFORMER_MAX = 0.9, 0.05  # the THRESHOLD above, as numbers
 MIN_SPAN = 8  # the REGIME: traced lengths span at least this factor
 WIDTHS = {"quick": (64,), "full": (32, 64, 96)[:FULL_REPEATS]}  # one round per width
 
 
-def _round(width: int, lens: list) -> dict:
+def _round(width: int, lens: list, device) -> dict:
     """Depth and FLOPs of one forward per model and length, at one width."""
     depth, flops, rows, attn, fused = {}, {}, [], [], []
     for name, kw in MODELS.items():
-        dev = "cpu" if name in ON_CPU else "meta"
+        dev = device if name in ON_DEVICE else "meta"
         cfg = ModelConfig(dim=width, n_layers=2, n_heads=4, max_seq_len=max(lens), **kw)
         torch.manual_seed(0)
         with torch.device(dev):
@@ -79,7 +80,7 @@ def _round(width: int, lens: list) -> dict:
             flops[name].append(r.flops)
             if name == "transformer":
                 attn.append(r.flops_by_op.get("bmm", 0))
-            if name in ON_CPU:
+            if name in ON_DEVICE:
                 fused.append(r.recurrent_steps)
             rows.append({"width": width, "model": name, "n": T, "work_flops": r.flops, "depth_ops": r.depth,
                          "ops": r.ops, "steps_inside_fused_kernels": r.recurrent_steps})
@@ -90,9 +91,9 @@ def _round(width: int, lens: list) -> dict:
 
 
 def measure(scale: str, device: str) -> dict:
-    """One round per width; ``device`` is unused: shapes are traced on "meta" (the fused kernel on the CPU)."""
+    """One round per width: shapes are traced on "meta", the fused kernel on ``device``."""
     lens = [16, 32, 64, 128] if scale == "quick" else [64, 128, 256, 512]
-    return {"rounds": [_round(w, lens) for w in WIDTHS[scale]]}
+    return {"rounds": [_round(w, lens, device) for w in WIDTHS[scale]]}
 
 
 def regime(rnd: dict) -> list[dict]:
@@ -134,7 +135,7 @@ def decide(measured: dict) -> Decision:
     return over_repeats([in_regime(regime(r), decide_one(r)) for r in measured["rounds"]])
 
 
-def run(scale: str, device: str) -> Outcome:  # shapes only: traced on "meta" (and the fused kernel on the CPU)
+def run(scale: str, device: str) -> Outcome:  # shapes only: traced on "meta" (and the fused kernel on ``device``)
     m = measure(scale, device)
     first = m["rounds"][0]
     lens = first["lengths"]

@@ -142,7 +142,7 @@ def _range(one: list, two: list) -> tuple[float, float, float]:
 
 
 def _conditions(m: dict, rnd: dict | None) -> list[dict]:
-    dev = "GPUs" if str(m.get("device", "cpu")).startswith("cuda") else "CPU cores"
+    dev = "GPUs" if str(m.get("device", "")).startswith("cuda") else "CPU cores"
     conds = [condition("devices", m["devices"], f">= 2 {dev}", m["devices"] >= 2)]
     if rnd is None:
         return conds

@@ -59,8 +59,8 @@ async function send(event) {
       if (data === "[DONE]") break;
       take(run, JSON.parse(data), now);
     }
-    run.state = run.finish === "cancelled" || run.finish === "error" ? "failed" : "done";
-    if (run.state === "failed") showError(`The server ended this request early (${run.finish}); see its log.`);
+    run.state = run.failure ? "failed" : "done";
+    if (run.state === "failed") showError(`The server ended this request early: ${run.failure}`);
   } catch (err) {
     if (err.name === "AbortError") {
       run.state = "stopped";  // the server notices the closed connection and cancels the sequence
@@ -83,11 +83,14 @@ const numberIn = (id) => ($(id).value.trim() === "" ? undefined : Number($(id).v
 
 function newRun(mode, promptChars, target) {
   return { mode, promptChars, target, sentAt: performance.now(), arrivals: [], text: "", usage: null, finish: null,
+           failure: null,
            state: "streaming", prediction: null, predicting: false, predictionError: null, turn: null,
            controller: new AbortController() };
 }
 
 function take(run, chunk, now) {
+  // A stream that fails, times out or is cut by a shutdown ends with an error event in OpenAI's shape.
+  if (chunk.error) { run.failure = chunk.error.message || "unknown error"; scheduleRender(); return; }
   if (chunk.usage) run.usage = chunk.usage;
   const choice = chunk.choices && chunk.choices[0];
   if (!choice) return;
@@ -96,9 +99,9 @@ function take(run, chunk, now) {
   const text = delta ? (delta.content || "") : (choice.text || "");
   if (text) { run.text += text; run.target.append(text); }
   if (choice.finish_reason) run.finish = choice.finish_reason;
-  // Every other chunk is one token's arrival, even when its text is held back (an unfinished UTF-8 character,
-  // a possible stop string); only the last chunk of a request the server cancelled or failed has no token.
-  if (choice.finish_reason !== "cancelled" && choice.finish_reason !== "error") run.arrivals.push(now - run.sentAt);
+  // Every chunk with a choice is one token's arrival, even when its text is held back (an unfinished UTF-8
+  // character, a possible stop string).
+  run.arrivals.push(now - run.sentAt);
   scheduleRender();
 }
 
