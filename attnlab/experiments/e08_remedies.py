@@ -52,6 +52,15 @@ CHANGES = [
             "torch's kernel otherwise (GPU, training, other dtypes)",
      "why": "Issue 11: the engine's prefill now runs it, and the report times the kernel the engine runs. Still an "
             "exact O(n^2) attention; verdict at quick scale after the change: supported (sdpa exponent 1.86)."},
+    {"date": "2026-12-02", "what": "method and threshold: one window (8) for the speed and the recall half; each repetition "
+                                   "(a timing round and a recall seed) decided alone with a 5-point recall margin; a regime",
+     "old": "Supported if every remedy's time exponent is below exact attention's and exact attention's MQAR accuracy at the largest pair count is above every remedy's by more than the seed spread. Not supported if a check fails; inconclusive if no model reaches 50% MQAR accuracy (too little training), a recall difference is within the seed spread, or a fitted exponent is physically implausible (below 0.5, or an O(n*sqrt(n)) or quadratic kernel below 1: a measuring fault, not a result).",
+     "new": THRESHOLD + " Regime: " + REGIME,
+     "why": ("Issue 29: the speed half timed a window of 256 while the recall half trained a window of 8, so the two "
+             "halves judged different remedies; a verdict needs 3 independent repetitions that agree; and the trade is "
+             "only meaningful where exact attention has learned recall and n is long for the window. Verdict before: "
+             "supported (reference run at b1a35cb); after: quick run inconclusive (1 repetition), full run not yet "
+             "made.")},
 ]
 
 REMEDIES = ("sliding", "block_sparse", "linear", "ssm")
