@@ -208,6 +208,9 @@ def main() -> None:
             t0 = time.perf_counter()
             asyncio.run(_references(soak))
             asyncio.run(soak.phase(clients[0], phase_s / 2, 10_000))  # warm-up: every path once
+            # the cost model's machine calibration, started with the server, holds GBs of test matrices while it
+            # runs: this call waits for it, so the baseline is the server's own memory, not the calibration's
+            httpx.get(server.url + "/api/predict?prompt_tokens=8", timeout=600, trust_env=False)
             asyncio.run(wait_idle(server.url))
             rss0 = rss_bytes(server.proc.pid)
             warm = dict(soak.status)
