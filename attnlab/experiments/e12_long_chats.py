@@ -30,7 +30,7 @@ THRESHOLD = ("Each of >= 3 repetitions (one resend chat and one reuse chat, alte
 REGIME = ("A chat long enough that resending the history dominates: at least 8 turns, the last turn's history at "
           "least 8x one turn's new user tokens; and prefix reuse actually in effect (the reuse chat processes at most "
           "half the prompt tokens the resend chat does, counted by the engine's prefix cache).")
-ORIGINAL_GAIN = 2.0  # the first threshold (2026-11-29): reuse >= 2x faster in total at the last turn
+ORIGINAL_GAIN = 2.0  # the first threshold (its CHANGES entry): reuse >= 2x faster in total at the last turn
 CHANGES = [
     {"date": "2026-11-29", "what": "threshold and method: the time compared became prompt processing only (TTFT)",
      "old": "Supported if resent prefill tokens grow with exponent >= 1.5 in k and reuse is >= 2x faster in total at "
