@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from attnlab.errors import ConfigError
-from attnlab.serve.app import ServeConfig
+from attnlab.serve.config import ServeConfig
 from serving import Server, make_tiny_folder
 
 
