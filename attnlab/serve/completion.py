@@ -25,6 +25,8 @@ from attnlab.engine.sampling import SamplingParams
 from attnlab.serve.protocol import ApiError
 from attnlab.serve.worker import Draining, QueueFull
 
+ABORT_GRACE_S = 30.0  # how long a timed-out request waits for the engine to confirm its abort
+
 API_PARAM = {"max_new_tokens": "max_tokens", "stop_strings": "stop", "params": None}  # engine field -> body field
 
 
@@ -101,9 +103,7 @@ class Run:
             except asyncio.TimeoutError:
                 self.timed_out = True
                 self.worker.cancel(self.ticket)
-                event = await self.queue.get()
-                while not event.done:  # tokens already on their way when the abort was posted
-                    event = await self.queue.get()
+                event = await self._last_after_abort()
         now = time.perf_counter() - self.arrived
         if event.token is not None:
             self.first_s = now if self.first_s is None else self.first_s
@@ -113,6 +113,20 @@ class Run:
         if event.done:
             self.last = event
         return event
+
+    async def _last_after_abort(self) -> Event:
+        """The engine's own last event after an abort (tokens already on their way are skipped). An engine that does
+        not answer within ABORT_GRACE_S (its thread dead or stuck in one long forward) must not hold the client too:
+        the run then ends here, and /health already reports the engine."""
+        end = time.perf_counter() + ABORT_GRACE_S
+        while True:
+            try:
+                event = await asyncio.wait_for(self.queue.get(), max(0.0, end - time.perf_counter()))
+            except asyncio.TimeoutError:
+                return Event(self.ticket, CANCELLED, finish_reason="cancelled",
+                             error="the engine did not answer the abort in time", cached_tokens=self.cached_tokens)
+            if event.done:
+                return event
 
     def cancel(self) -> None:
         """The client no longer waits: free the request now (a no-op once it finished)."""
