@@ -165,16 +165,14 @@ def cmd_generate(args) -> int:
                                    prompt_lookup=args.prompt_lookup, params=params,
                                    lookup_ngram=(args.lookup_min_ngram, args.lookup_max_ngram), **common)
     elif args.stream:
-        from attnlab.engine.engine import Engine
+        from attnlab.engine.engine import Engine, EngineConfig, output_of
 
-        cache_dtype = _cache_dtype(args.cache_dtype)
-        out = None
-        for event in Engine(model, target.tokenizer, cache_dtype=cache_dtype).stream(
-                ids, args.max_new_tokens, params, stop_tokens, args.stop or (), args.truncate):
+        engine = Engine(model, EngineConfig(cache_dtype=_cache_dtype(args.cache_dtype)), target.tokenizer)
+        for event in engine.stream(ids, args.max_new_tokens, params, stop_tokens, args.stop or (), args.truncate):
             if not args.json:
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
-            out = event.output or out
+        out = output_of(event)
         if not args.json:
             sys.stdout.write("\n")
     else:
@@ -204,7 +202,7 @@ def cmd_serve(args) -> int:
         # server starts again in a process that has it (the user's own setting, if any, is kept).
         os.execve(sys.executable, [sys.executable, "-m", "attnlab", *sys.argv[1:]],
                   {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
-    from attnlab.serve.app import ServeConfig
+    from attnlab.serve.config import ServeConfig
     from attnlab.serve.server import serve
 
     set_threads(args.threads)

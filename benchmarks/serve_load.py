@@ -10,8 +10,8 @@ b. Continuous batching: 16 requests (128-token prompts, 64 output tokens, ignore
    (concurrency 16) vs one at a time (concurrency 1); aggregate output tok/s = tokens / (first send -> last
    stream end). Target >= 4x.
 c. HTTP overhead: the same 16 at once, through the server vs the engine driven in this process: the
-   Scheduler of a serve Worker built with the server's settings (paged pool, max_batch, prefill_chunk), 16
-   Sequences submitted, stepped until done in a thread of its own (as the server's engine thread), tokens /
+   Engine built with the server's settings (paged pool, max_batch, prefill_chunk, tokenizer), 16
+   requests added, stepped until done in a thread of its own (as the server's engine thread), tokens /
    (submit -> last token). Target >= 90%.
 d. Hugging Face: benchmarks/hf_continuous.run_hf_generate_batch on the same folder and prompts (its own
    wall_s, generation only; the wall of the whole call is recorded too), also in a thread of its own. Target:
@@ -121,20 +121,20 @@ def through_server(url: str, ps: list[list[int]], out: int, concurrency: int, vo
             "ttft_p50_s": res["ttft_s"]["p50"], "tpot_p50_s": res["tpot_s"]["p50"]}
 
 
-def in_engine(sched, ps: list[list[int]], out: int) -> dict:
-    """The server's engine without HTTP: submit every sequence at once, step until done (as the worker does)."""
-    from attnlab.engine.sampling import SamplingParams
-    from attnlab.engine.scheduler import Sequence
-    from attnlab.engine.stops import StopChecker
+def in_engine(engine, ps: list[list[int]], out: int) -> dict:
+    """The server's engine without HTTP: add every request at once, step until done (as the worker does)."""
+    from attnlab.engine.request import Request
 
     t0 = time.perf_counter()
-    seqs = [sched.submit(Sequence(p, out, SamplingParams(temperature=0.0), StopChecker())) for p in ps]
-    while sched.has_work:
-        sched.step()
+    for p in ps:
+        engine.add(Request(p, out))
+    results = []
+    while engine.has_work:
+        results += [e.result for e in engine.step() if e.done]
     wall = time.perf_counter() - t0
-    tokens = sum(len(s.tokens) for s in seqs)
+    tokens = sum(len(r.tokens) for r in results)
     return {"tok_per_s": tokens / wall, "wall_s": wall, "output_tokens": tokens,
-            "cached_tokens": sum(s.cached_tokens for s in seqs)}
+            "cached_tokens": sum(r.cached_tokens for r in results)}
 
 
 def in_thread(fn, *args):
@@ -204,14 +204,16 @@ class SideProcess:
 def side_main(args, sz: Sizes) -> None:
     """Child: serve measurements of one side until stdin closes (results as JSON lines on stdout)."""
     if args.side == "engine":
+        from attnlab.engine.engine import Engine
+        from attnlab.serve.config import ServeConfig
         from attnlab.serve.server import load_served
-        from attnlab.serve.worker import Worker
 
         served = load_served(args.folder, max_batch=sz.max_batch)  # the server's loading path: same layout
-        worker = Worker(served.model, max_batch=sz.max_batch, max_queue=256, kv_blocks=sz.kv_blocks,
-                        prefill_chunk=args.prefill_chunk or None,
-                        cache_dtype=getattr(served.model, "cache_dtype", None))
-        run = lambda ps, out: in_thread(in_engine, worker.scheduler, ps, out)  # noqa: E731 (as the server's thread)
+        cfg = ServeConfig(max_batch=sz.max_batch, kv_blocks=sz.kv_blocks, prefill_chunk=args.prefill_chunk or None,
+                          calibrate=False)
+        engine = Engine(served.model, cfg.engine_config(getattr(served.model, "cache_dtype", None)),
+                        served.tokenizer)  # the server's engine, its text included
+        run = lambda ps, out: in_thread(in_engine, engine, ps, out)  # noqa: E731 (as the server's thread)
     else:
         hf_fn, skip = load_hf_baseline()
         if hf_fn is None:

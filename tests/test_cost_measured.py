@@ -258,16 +258,16 @@ def test_stamped_generation_times_decode_apart_from_the_prefill():
         ttft_ratio = timed["long"]["wall"]["ttft"] / timed["short"]["wall"]["ttft"]
         decode_ratio = timed["long"]["wall"]["decode"] / timed["short"]["wall"]["decode"]
         assert ttft_ratio > 2 and decode_ratio < 0.6 * ttft_ratio, (ttft_ratio, decode_ratio)
-        # it generates what engine.generate does (the same scheduler, greedy by default)
+        # it generates what engine.generate does (the same engine, greedy by default)
         assert len(generate(model, short, 9).tokens) == 9
         # the first token is timed after a prefill-only step: a full step also takes a just-prefilled row's second
-        from attnlab.engine.sampling import SamplingParams
-        from attnlab.engine.scheduler import Scheduler, Sequence
+        from attnlab.engine.engine import Engine, EngineConfig
+        from attnlab.engine.request import Request
         for decode, want in ((False, 1), (True, 2)):
-            sched = Scheduler(model, max_len=80, max_batch=2)
-            seqs = [sched.submit(Sequence([1] * n, 9, SamplingParams())) for n in (64, 40)]
-            sched.step(decode=decode)
-            assert [len(s.tokens) for s in seqs] == [want, want]
+            engine = Engine(model, EngineConfig(max_batch=2, max_len=80, paged=False, prefix_reuse=False))
+            ids = [engine.add(Request([1] * n, 9)) for n in (64, 40)]
+            events = engine.step(decode=decode)
+            assert [sum(e.id == i for e in events) for i in ids] == [want, want]
 
 
 def test_a_cancelled_calibration_stops_and_caches_nothing(monkeypatch, tmp_path):

@@ -5,7 +5,7 @@ import torch
 from attnlab import kernels
 from attnlab.data.tokenizers import ByteTokenizer
 from attnlab.engine import SamplingParams, generate
-from attnlab.engine.engine import Engine
+from attnlab.engine.engine import Engine, EngineConfig
 from attnlab.engine.quantize import DenseLinear, Int8Linear, set_precision
 from attnlab.errors import AttnlabError
 from attnlab.models import build_model
@@ -142,24 +142,25 @@ def test_bad_requests_name_the_numbers():
         generate(model, [1, 99], 2)
 
 
-@pytest.mark.parametrize("family", ["transformer", "gru"])
-def test_engine_stream_equals_generate_and_reuses_prefixes(family):
-    model = lively(family=family, vocab_size=256, max_seq_len=128)
+@pytest.mark.parametrize("kind", ["transformer", "gru", "sliding"])
+def test_engine_stream_equals_generate_and_reuses_prefixes(kind):
+    kw = dict(kernel="sliding", window=16) if kind == "sliding" else dict(family=kind)
+    model = lively(vocab_size=256, max_seq_len=128, **kw)
     tok = ByteTokenizer()
-    engine = Engine(model, tok)
+    engine = Engine(model, EngineConfig(), tok)
     first = list(b"def f(x):")
     events = list(engine.stream(first, 12))
     ref = generate(model, first, 12, tokenizer=tok)
     assert [e.token for e in events] == ref.tokens
-    assert "".join(e.text for e in events) == ref.completions[0].text
-    assert events[-1].output.stats.reused_prefix_tokens == 0
+    assert "".join(e.text for e in events) == ref.completions[0].text == events[-1].result.text
+    assert events[-1].result.cached_tokens == 0
     follow = first + [e.token for e in events] + list(b" return")  # a chat turn: history + new text
     again = engine.generate(follow, 8)
     assert again.tokens == generate(model, follow, 8).tokens
     assert again.stats.reused_prefix_tokens == len(first) + 11  # all but the last sampled token
     other = engine.generate(list(b"def g(y):"), 5)  # shares only "def " with what the engine holds
     assert other.tokens == generate(model, list(b"def g(y):"), 5).tokens
-    expected = 4 if family == "transformer" else 0  # a recurrent state cannot forget the rest
+    expected = 4 if kind == "transformer" else 0  # a recurrent state or a ring cannot forget the rest
     assert other.stats.reused_prefix_tokens == expected
 
 
@@ -275,10 +276,8 @@ def test_sample_continuations_are_prompts_from_the_text_and_greedy_continuations
 @pytest.mark.parametrize("family", ["transformer", "gru", "linear"])
 def test_engine_without_prefix_reuse_recomputes_every_turn(family):
     """prefix_reuse=False (claim 12's baseline): same outputs, nothing taken from a cache."""
-    from attnlab.engine.engine import Engine
-
     model = lively(family=family, dim=64, n_heads=4)
-    engine = Engine(model, None, prefix_reuse=False)
+    engine = Engine(model, EngineConfig(prefix_reuse=False))
     first = [5, 6, 7, 8, 9, 10, 11, 12, 13]
     a = engine.generate(first, 6)
     follow = first + a.tokens + [3, 4]

@@ -1,11 +1,12 @@
 """The paged KV cache: equals the contiguous cache, frees and reuses blocks, shares prefixes by block with
-copy on divergence and copy on write; and the scheduler's one step over it."""
+copy on divergence and copy on write; and the engine's one step over it."""
 import pytest
 import torch
 
+from attnlab.engine.engine import Engine, EngineConfig
 from attnlab.engine.generate import generate
+from attnlab.engine.request import CANCELLED, Request, RequestError, Sequence
 from attnlab.engine.sampling import SamplingParams
-from attnlab.engine.scheduler import Scheduler, Sequence
 from attnlab.models import build_model
 from attnlab.models.paged import OutOfBlocks
 from conftest import tiny
@@ -56,44 +57,36 @@ def test_blocks_are_freed_and_reused_with_no_per_sequence_preallocation():
 
 def test_prefix_blocks_are_shared_and_skip_prefill():
     model = _model()
-    pool = model.new_pool(n_blocks=64, block_size=4)
+    engine = _paged(model, kv_blocks=64, block_size=4)
     prefix = list(range(1, 23))  # 22 tokens: 5 full blocks and 2 more
-    sched = Scheduler(model, pool=pool)
-    first = sched.submit(Sequence(prefix + [30, 31], 3))
-    while sched.has_work:
-        sched.step()
-    assert first.cached_tokens == 0
-    seqs = [sched.submit(Sequence(prefix + [32 + i, 33], 3)) for i in range(4)]
-    sched.step()  # admitted and prefilled together
+    first = engine.add(Request(prefix + [30, 31], 3))
+    assert _drain(engine)[first].cached_tokens == 0
+    ids = [engine.add(Request(prefix + [32 + i, 33], 3)) for i in range(4)]
+    events = engine.step()  # admitted and prefilled together
     # 5 full blocks are shared by reference; the block holding tokens 20..23 is copied where they diverge.
-    assert all(s.cached_tokens == 22 for s in seqs)
-    shared = set(sched.state.tables[0][:5])
-    assert all(set(t[:5]) == shared for t in sched.state.tables)
+    assert {e.id for e in events} == set(ids) and all(e.cached_tokens == 22 for e in events)
+    tables, pool = engine.scheduler.state.tables, engine.scheduler.pool
+    shared = set(tables[0][:5])
+    assert all(set(t[:5]) == shared for t in tables)
     assert all(pool.ref[b] == 4 for b in shared)
-    assert len({t[5] for t in sched.state.tables}) == 4  # each diverging block is its own copy
-    while sched.has_work:
-        sched.step()
+    assert len({t[5] for t in tables}) == 4  # each diverging block is its own copy
+    results = _drain(engine)
     alone = [generate(model, prefix + [32 + i, 33], 3).tokens for i in range(4)]
-    assert [s.tokens for s in seqs] == alone
+    assert [results[i].tokens for i in ids] == alone
 
 
 def test_the_prefix_cache_is_shared_only_under_the_same_salt():
     """A tenant's cached prompt is invisible to another salt: no block shared, nothing reported as cached; the same
     salt shares it. Outputs are unchanged either way."""
     model = _model()
-    pool = model.new_pool(n_blocks=64, block_size=4)
-    sched = Scheduler(model, pool=pool)
+    engine = _paged(model, kv_blocks=64, block_size=4)
     prompt = list(range(1, 23))
-    first = sched.submit(Sequence(prompt, 3, cache_salt="tenant-a"))
-    while sched.has_work:
-        sched.step()
-    other = sched.submit(Sequence(prompt, 3, cache_salt="tenant-b"))
-    same = sched.submit(Sequence(prompt, 3, cache_salt="tenant-a"))
-    unsalted = sched.submit(Sequence(prompt, 3))
-    while sched.has_work:
-        sched.step()
-    assert (other.cached_tokens, same.cached_tokens, unsalted.cached_tokens) == (0, 21, 0)
-    assert first.tokens == other.tokens == same.tokens == unsalted.tokens == generate(model, prompt, 3).tokens
+    first = engine.add(Request(prompt, 3, cache_salt="tenant-a"))
+    results = _drain(engine)
+    ids = [engine.add(Request(prompt, 3, cache_salt=salt)) for salt in ("tenant-b", "tenant-a", "")]
+    results.update(_drain(engine))
+    assert [results[i].cached_tokens for i in ids] == [0, 21, 0]
+    assert all(results[i].tokens == generate(model, prompt, 3).tokens for i in [first, *ids])
 
 
 def test_block_keys_chain_cryptographically_and_a_match_checks_the_parent():
@@ -130,71 +123,82 @@ def test_copy_on_write_keeps_the_other_sequence_intact():
     torch.testing.assert_close(out[1, 0], ref1[0, -1], atol=1e-5, rtol=1e-4)
 
 
-def test_scheduler_preempts_and_recomputes_when_blocks_run_out():
+def _paged(model, **kw):
+    return Engine(model, EngineConfig(max_batch=8, paged=True, **kw))
+
+
+def _drain(engine) -> dict:
+    """Step until done; each request's result by id."""
+    results = {}
+    while engine.has_work:
+        results.update((e.id, e.result) for e in engine.step() if e.done)
+    return results
+
+
+def test_the_engine_preempts_and_recomputes_when_blocks_run_out():
     model = _model()
     prompts = [list(range(i, i + 14)) for i in range(1, 6)]
     alone = [generate(model, p, 20).tokens for p in prompts]
-    pool = model.new_pool(n_blocks=14, block_size=4)  # 5 sequences of 34 tokens need 45 blocks
-    sched = Scheduler(model, pool=pool)
-    seqs = [sched.submit(Sequence(p, 20)) for p in prompts]
-    while sched.has_work:
-        sched.step()
-    assert [s.tokens for s in seqs] == alone
-    assert sum(s.preemptions for s in seqs) > 0
-    assert pool.used_blocks == 0 or all(pool.ref[b] == 0 for b in range(pool.n_blocks))
+    engine = _paged(model, kv_blocks=14, block_size=4)  # 5 sequences of 34 tokens need 45 blocks
+    ids = [engine.add(Request(p, 20)) for p in prompts]
+    results = _drain(engine)
+    assert [results[i].tokens for i in ids] == alone
+    assert sum(results[i].preemptions for i in ids) > 0 and engine.stats()["preemptions"] > 0
+    assert engine.stats()["kv_blocks_used"] == 0
 
 
 def test_one_sequence_too_long_for_the_pool_is_a_clear_error():
     model = _model()
-    sched = Scheduler(model, pool=model.new_pool(n_blocks=2, block_size=4))
-    sched.submit(Sequence(list(range(1, 20)), 4))
+    engine = _paged(model, kv_blocks=2, block_size=4)
+    with pytest.raises(RequestError, match="needs 6 KV blocks of 4 tokens .* the pool holds 2") as e:
+        engine.add(Request(list(range(1, 20)), 4))
+    assert e.value.code == "kv_capacity" and not engine.has_work
+    engine.scheduler.submit(Sequence(list(range(1, 20)), 4))  # past the check, the step itself still refuses it
     with pytest.raises(OutOfBlocks, match="allocate more blocks"):
-        while sched.has_work:
-            sched.step()
+        engine.scheduler.step()
 
 
-def test_cancel_frees_blocks_at_once():
+def test_abort_frees_blocks_at_once():
     model = _model()
-    pool = model.new_pool(n_blocks=40, block_size=4)
-    sched = Scheduler(model, pool=pool)
-    a = sched.submit(Sequence(list(range(1, 30)), 50))
-    b = sched.submit(Sequence(list(range(2, 9)), 50))
-    sched.step()
-    sched.step()
-    assert pool.used_blocks > 0
-    sched.cancel(a)
-    sched.cancel(b)
-    assert a.finish_reason == b.finish_reason == "cancelled" and not sched.has_work
-    assert all(r == 0 for r in pool.ref)
+    engine = _paged(model, kv_blocks=40, block_size=4)
+    a = engine.add(Request(list(range(1, 30)), 50))
+    b = engine.add(Request(list(range(2, 9)), 50))
+    engine.step()
+    engine.step()
+    assert engine.stats()["kv_blocks_used"] > 0
+    engine.abort(a)
+    engine.abort(b)
+    assert engine.stats()["kv_blocks_used"] == 0 and engine.stats()["running"] == 0
+    ends = engine.step()  # the aborted requests' last events, and nothing else to do
+    assert [(e.id, e.state, e.finish_reason) for e in ends] == [(a, CANCELLED, "cancelled"),
+                                                                 (b, CANCELLED, "cancelled")]
+    assert not engine.has_work
 
 
 def test_sequences_join_and_leave_a_running_batch_with_outputs_unchanged():
     """Continuous batching: requests of different lengths arriving at different steps, sampled and greedy."""
     model = _model()
-    sched = Scheduler(model, paged=True, max_len=128, prefill_chunk=5)
+    engine = _paged(model, prefill_chunk=5)
     params = [SamplingParams(), SamplingParams(temperature=0.9, top_k=10, seed=3)]
     specs = [(list(range(1, 4 + 3 * i)), 6 + i, params[i % 2]) for i in range(6)]
-    seqs = []
-    for i, (p, n, sp) in enumerate(specs):
-        seqs.append(sched.submit(Sequence(p, n, sp)))
-        sched.step()  # one joins per step, while the earlier ones decode
-    while sched.has_work:
-        sched.step()
-    for s, (p, n, sp) in zip(seqs, specs):
-        assert s.tokens == generate(model, p, n, sp).tokens
+    ids, results = [], {}
+    for p, n, sp in specs:
+        ids.append(engine.add(Request(p, n, sp)))
+        results.update((e.id, e.result) for e in engine.step() if e.done)  # one joins per step
+    results.update(_drain(engine))
+    for rid, (p, n, sp) in zip(ids, specs):
+        assert results[rid].tokens == generate(model, p, n, sp).tokens
 
 
 def test_a_request_that_does_not_fit_leaves_the_engine_usable():
-    """An out-of-blocks failure must not leave a row or a block behind for the next request."""
-    from attnlab.engine.engine import Engine
-
+    """A request the pool cannot hold is refused before it takes a row or a block; the next one runs."""
     model = _model()
-    engine = Engine(model, kv_blocks=2, block_size=4)
+    engine = Engine(model, EngineConfig(kv_blocks=2, block_size=4))
     engine.generate(list(range(1, 8)), 1)
-    with pytest.raises(OutOfBlocks):
+    with pytest.raises(RequestError, match="KV blocks"):
         engine.generate([1, 2, 3, 4, 5, 6, 9, 9, 9, 9], 1)
     assert engine.generate([3, 3], 1).tokens == generate(model, [3, 3], 1).tokens
-    assert all(r == 0 for r in engine.scheduler.pool.ref)
+    assert engine.stats()["kv_blocks_used"] == 0
 
 
 def test_growing_in_place_never_evicts_a_cached_prefix():
@@ -245,15 +249,16 @@ def test_a_prefill_budget_spreads_a_burst_of_prompts_over_steps_with_outputs_unc
     """--prefill-budget: a step feeds at most the budget's prompt tokens in all (each prompt being prefilled
     at least one), first come first served; the outputs are those of each prompt alone."""
     model = _model()
-    sched = Scheduler(model, paged=True, max_len=128, prefill_chunk=6, prefill_budget=8)
+    engine = _paged(model, prefill_chunk=6, prefill_budget=8)
     prompts = [list(range(1 + i, 11 + i)) for i in range(4)]  # 40 prompt tokens arriving together
-    seqs = [sched.submit(Sequence(p, 5)) for p in prompts]
-    fed_per_step = []
-    while sched.has_work:
+    ids = [engine.add(Request(p, 5)) for p in prompts]
+    seqs = list(engine.scheduler.waiting)  # the engine's own records, to watch their prefill progress
+    fed_per_step, results = [], {}
+    while engine.has_work:
         before = sum(s.fed for s in seqs)
-        sched.step()
+        results.update((e.id, e.result) for e in engine.step() if e.done)
         fed_per_step.append(sum(s.fed for s in seqs) - before)
     # chunks of at most 6 per prompt, 8 per step: (6+2), (4+4), (4+4), (6+2), 6, 2, then decoding only
     assert fed_per_step[:7] == [8, 8, 8, 8, 6, 2, 0] and sum(fed_per_step) == 40
-    for s, p in zip(seqs, prompts):
-        assert s.tokens == generate(model, p, 5).tokens
+    for rid, p in zip(ids, prompts):
+        assert results[rid].tokens == generate(model, p, 5).tokens

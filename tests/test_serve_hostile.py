@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from attnlab.errors import ConfigError
-from attnlab.serve.app import ServeConfig
+from attnlab.serve.config import ServeConfig
 from serving import Server, make_tiny_folder
 
 
@@ -130,3 +130,31 @@ def test_a_request_past_its_deadline_ends_with_an_error_the_client_sees(folder):
                      "attnlab_preemptions_total"):
             assert f"# TYPE {name} counter" in text and f"\n{name} " in text
         assert httpx.get(s.url + "/health").status_code == 200
+
+
+def test_a_timed_out_request_ends_even_when_the_engine_never_answers(monkeypatch):
+    """A worker whose engine thread is not running (dead or stuck in one long forward) must not hold a client past
+    its deadline plus the abort's grace: the run ends with a cancelled event of its own."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from attnlab.engine.engine import Engine, EngineConfig
+    from attnlab.engine.request import CANCELLED
+    from attnlab.models import build_model
+    from attnlab.serve import completion
+    from attnlab.serve.worker import Worker
+    from conftest import tiny
+
+    monkeypatch.setattr(completion, "ABORT_GRACE_S", 0.2)
+    torch.manual_seed(0)
+    worker = Worker(Engine(build_model(tiny()).eval(), EngineConfig(max_batch=2)), max_queue=4)  # never started
+    req = SimpleNamespace(seed=0, temperature=0.0, top_k=0, top_p=1.0, repetition_penalty=1.0, ignore_eos=True)
+    state = SimpleNamespace(served=SimpleNamespace(stop_tokens=[]), worker=worker)
+
+    async def go():
+        run = completion.Run(state, [1, 2, 3], 8, req, [], None, deadline_s=0.05)
+        return run, await asyncio.wait_for(run.next(), 5)
+
+    run, event = asyncio.run(go())
+    assert run.timed_out and event.state == CANCELLED and event.done

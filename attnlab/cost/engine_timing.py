@@ -63,24 +63,28 @@ class Pulse:
 
 
 def stamped_generate(model, prompts: list[list[int]], new_tokens: int) -> dict:
-    """One generation as ``engine.generate`` runs it (a Scheduler stepped until every sequence is done), with both
-    clocks read before the scheduler exists, when every sequence has its first token, and at the end:
+    """One generation as ``engine.generate`` runs it (an Engine sized for the batch, stepped until every request is
+    done), with both clocks read before the engine exists, when every sequence has its first token, and at the end:
     {clock: (ttft, decode)}, decode = the rest of the call over the tokens it added per sequence. The prefill runs
     as a step of its own (``step(decode=False)``): generate()'s first step also takes every sequence's second
     token, which a TTFT read after it would include (26 ms of a GPT-2-shaped 64-token prefill's ~140 ms)."""
-    from attnlab.engine.sampling import SamplingParams
-    from attnlab.engine.scheduler import Scheduler, Sequence
+    from attnlab.engine.engine import Engine, EngineConfig
+    from attnlab.engine.request import Request
 
     w0, c0 = time.perf_counter(), time.process_time()
-    sched = Scheduler(model, max_len=max(len(p) for p in prompts) + new_tokens, max_batch=len(prompts))
-    seqs = [sched.submit(Sequence(list(p), new_tokens, SamplingParams())) for p in prompts]
-    while not all(s.tokens for s in seqs):  # the prefill alone (a step would also decode the finished prompts)
-        sched.step(decode=False)
-    first = time.perf_counter(), time.process_time(), min(len(s.tokens) for s in seqs)
-    while sched.has_work:
-        sched.step()
+    engine = Engine(model, EngineConfig(max_batch=len(prompts), max_len=max(len(p) for p in prompts) + new_tokens,
+                                        paged=False, prefix_reuse=False))
+    ids = [engine.add(Request(list(p), new_tokens)) for p in prompts]
+    counts = dict.fromkeys(ids, 0)  # tokens each request has
+    while not all(counts.values()):  # the prefill alone (a step would also decode the finished prompts)
+        for e in engine.step(decode=False):
+            counts[e.id] += e.token is not None
+    first = time.perf_counter(), time.process_time(), min(counts.values())
+    while engine.has_work:
+        for e in engine.step():
+            counts[e.id] += e.token is not None
     w1, c1 = time.perf_counter(), time.process_time()
-    steps = min(len(s.tokens) for s in seqs) - first[2]
+    steps = min(counts.values()) - first[2]
     return {"wall": (first[0] - w0, (w1 - first[0]) / max(steps, 1)),
             "cpu": (first[1] - c0, (c1 - first[1]) / max(steps, 1))}
 

@@ -19,27 +19,21 @@ batch goes on; a fault in a forward ends the sequences in that forward the same 
 blocks, so no sequence is left in any queue and the next step starts clean.
 
 Prefill and decode are separate forwards because their shapes differ (hundreds of tokens in a few rows,
-against one token in many rows); each is one batched call. ``generate``, the streaming ``Engine``, prefix
-reuse and speculative decoding all run on this step; the server drives it too.
+against one token in many rows); each is one batched call. Only ``Engine`` (engine.py) builds a scheduler: it
+sizes the pool, decides paged or contiguous, and turns this step into the one API that ``generate``, speculative
+decoding, the cost model's timing and the server drive.
 """
 from __future__ import annotations
 
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
-from attnlab.engine.sampling import SamplingParams, sample
-from attnlab.engine.stops import StopChecker
+from attnlab.engine.request import Event, Sequence
+from attnlab.engine.sampling import sample
 from attnlab.models.paged import OutOfBlocks
-
-
-def shares_blocks(cfg) -> bool:
-    """Whether a model's decode state can live in a paged pool shared by block: softmax attention over the whole
-    context does; recurrent states and a sliding window's rolling buffer do not."""
-    return cfg.family == "transformer" and cfg.kernel != "sliding"
 
 
 class SequenceFault(Exception):
@@ -50,94 +44,31 @@ def _non_finite():
     raise SequenceFault("the model produced non-finite logits for this sequence; it was ended")
 
 
-@dataclass
-class Sequence:
-    """One request: its prompt, how to sample, and everything produced so far."""
-
-    prompt: list[int]
-    max_new_tokens: int
-    params: SamplingParams = field(default_factory=SamplingParams)
-    stopper: StopChecker = field(default_factory=StopChecker)
-    id: int = 0
-    tokens: list[int] = field(default_factory=list)  # generated
-    logprobs: list[float] = field(default_factory=list)
-    stamps_s: list[float] = field(default_factory=list)  # since submission, when each token existed
-    finish_reason: str | None = None  # "stop", "length", "cancelled" or "error"
-    error: str | None = None  # with "error": what went wrong, in words a client may see
-    cached_tokens: int = 0  # prompt tokens whose keys/values came from a cache instead of a prefill
-    fed: int = 0  # prompt tokens fed to the model so far (prefill progress)
-    proposed: int = 0  # speculative decoding: draft tokens proposed and accepted
-    accepted: int = 0
-    rounds: int = 0
-    state: object = None  # with keep_finished: the finished sequence's own one-row state
-    submitted: float = 0.0
-    gen: torch.Generator | None = None
-    preemptions: int = 0
-    cache_salt: str = ""  # prefix caching: only sequences with the same salt share cached blocks (tenants)
-    top_logprobs: int = 0  # alternatives to report per token (the server's logprobs option)
-    tops: list = field(default_factory=list)  # per token: [(token, logprob)] of the top_logprobs most likely
-
-    @property
-    def context(self) -> list[int]:
-        """What a prefill must feed: the prompt, or after a preemption everything read but the newest token."""
-        return self.prompt + self.tokens[:-1] if self.tokens else self.prompt
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def text(self) -> list[int]:
-        return self.prompt + self.tokens
-
-
-@dataclass
-class Event:
-    """A token that now exists: the sequence, the token, its logprob, and whether the sequence ended. A sequence
-    that ends with no new token (cancelled, or failed: ``seq.error``) gets one last event with ``token == -1``."""
-
-    seq: Sequence
-    token: int
-    logprob: float
-    finished: bool
-    top: list | None = None  # [(token, logprob)] alternatives, when the sequence asked for them
-
-
 class Scheduler:
-    def __init__(self, model, *, max_len: int | None = None, max_batch: int | None = None,
-                 prefill_chunk: int | None = None, prefill_budget: int | None = None, cache_dtype=None, pool=None,
-                 paged: bool = False, kv_blocks: int | None = None, block_size: int = 16,
-                 proposer=None, keep_finished: bool = False, raise_faults: bool = True):
-        """``pool``: a BlockPool shared by every sequence (paged KV cache with prefix caching); ``paged`` (or
-        ``kv_blocks``) without one makes a pool of ``kv_blocks`` blocks of ``block_size`` tokens, by default
-        room for max_batch sequences of max_len. Models whose state cannot be shared by block (recurrent, sliding
-        window) keep per-row states whatever is asked. ``proposer``: drafts for
-        speculative decoding. ``keep_finished``: a finished sequence keeps its state row (prefix reuse for
-        states that cannot be shared by block). ``raise_faults``: a failed forward raises to the caller after its
-        sequences are cleaned up (a library call); False turns it into their final events (a server)."""
+    def __init__(self, model, *, max_len: int, max_batch: int, prefill_chunk: int | None = None,
+                 prefill_budget: int | None = None, cache_dtype=None, pool=None, proposer=None,
+                 keep_finished: bool = False, raise_faults: bool = True):
+        """``pool``: a BlockPool shared by every sequence (paged KV cache with prefix caching), else each row has
+        a contiguous state of ``max_len``. ``proposer``: drafts for speculative decoding. ``keep_finished``: a
+        finished sequence keeps its state row (prefix reuse for states that cannot be shared by block).
+        ``raise_faults``: a failed forward raises to the caller after its sequences are cleaned up (a library
+        call); False turns it into their final events (a server)."""
         self.model = model
-        cfg = model.cfg
-        self.max_len = max_len or cfg.max_seq_len
-        self.max_batch = max_batch or 1 << 30
+        self.max_len = max_len
+        self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.prefill_budget = prefill_budget
         self.proposer = proposer
         self.keep_finished = keep_finished
         self.raise_faults = raise_faults
         self.device = next(model.parameters()).device
-        attention_kv = shares_blocks(cfg)
-        if (paged or kv_blocks) and pool is None and attention_kv:
-            # the one place a KV pool is sized: the caller's blocks, else full contexts for the batch (64 at most)
-            rows = min(self.max_batch, 64)
-            pool = model.new_pool(kv_blocks or rows * -(-self.max_len // block_size), block_size, cache_dtype)
-        self.pool = pool if attention_kv else None
+        self.pool = pool
         self.cache_dtype = cache_dtype
         self.waiting: deque[Sequence] = deque()
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
         self.prefill_state = self._new_state()
         self.state = self._new_state()
-        self._next_id = 0
         self.preemptions = 0  # since creation (the server's metrics)
         self.step_errors = 0  # forwards that failed (their sequences ended with an error)
         self.seq_errors = 0  # sequences ended alone by a fault of their own (non-finite logits, sampling)
@@ -151,7 +82,6 @@ class Scheduler:
 
     # -- requests ----------------------------------------------------------------------------------------
     def submit(self, seq: Sequence) -> Sequence:
-        seq.id, self._next_id = self._next_id, self._next_id + 1
         seq.submitted = time.perf_counter()
         seq.gen = torch.Generator(device=self.device).manual_seed(seq.params.seed)
         self.waiting.append(seq)
@@ -160,8 +90,7 @@ class Scheduler:
     def cancel(self, seq: Sequence, reason: str = "cancelled", error: str | None = None) -> bool:
         """Stop a sequence wherever it is; its state row (and blocks) are freed at once. A sequence that already
         finished keeps its finish reason, but is still taken out of any queue it is in. True if it was in one."""
-        if not seq.done:
-            seq.finish_reason, seq.error = reason, error
+        seq.end(reason, error)
         if seq in self.waiting:
             self.waiting.remove(seq)
         elif seq in self.prefilling:
@@ -177,7 +106,7 @@ class Scheduler:
         events = []
         for seq in list(seqs):
             if self.cancel(seq, "error", error) or seq.finish_reason == "error":
-                events.append(Event(seq, -1, 0.0, True))
+                events.append(seq.event())
         return events
 
     def stats(self) -> dict:
@@ -245,7 +174,7 @@ class Scheduler:
                     raise
                 self.seq_errors += 1
                 seq.finish_reason, seq.error = "error", f"the request could not be admitted ({type(e).__name__})"
-                self.admit_failures.append(Event(seq, -1, 0.0, True))
+                self.admit_failures.append(seq.event())
                 continue
             self.waiting.popleft()
             self.prefilling.append(seq)
@@ -316,7 +245,7 @@ class Scheduler:
             self.running += joined
             if self.proposer is not None:
                 self.proposer.joined(joined)
-            self._retire(events)
+            self._retire()
         return events
 
     def _decode(self) -> list[Event]:
@@ -366,7 +295,7 @@ class Scheduler:
             self.state.rollback([len(s.text) - 1 for s in seqs])
         if self.proposer is not None:
             self.proposer.accepted(seqs)
-        self._retire(events)
+        self._retire()
         return events
 
     def _own(self, seq: Sequence, work) -> list[Event]:
@@ -378,7 +307,7 @@ class Scheduler:
             self.seq_errors += 1
             seq.finish_reason = "error"
             seq.error = str(e) if isinstance(e, SequenceFault) else f"{type(e).__name__} while choosing a token"
-            return [Event(seq, -1, 0.0, True)]
+            return [seq.event()]
 
     def _emit(self, seq: Sequence, logit_rows, n: int, chosen=None, rows=None) -> list[Event]:
         """Append n tokens to seq (sampled from logit_rows, or the verified `chosen` (token, row) pairs)."""
@@ -407,16 +336,7 @@ class Scheduler:
         for i, (tok, lp) in enumerate(new):
             if seq.done:
                 break
-            seq.tokens.append(tok)
-            seq.logprobs.append(lp)
-            seq.stamps_s.append(now)
-            if tops is not None:
-                seq.tops.append(tops[i])
-            if seq.stopper.done(seq.tokens):
-                seq.finish_reason = "stop"
-            elif len(seq.tokens) >= seq.max_new_tokens:
-                seq.finish_reason = "length"
-            events.append(Event(seq, tok, lp, seq.done, tops[i] if tops is not None else None))
+            events.append(seq.append(tok, lp, now, tops[i] if tops is not None else None))
         return events
 
     def _sample(self, seq: Sequence, logits: torch.Tensor):
@@ -432,10 +352,9 @@ class Scheduler:
                                 "(an extreme repetition_penalty or temperature?)")
         return ids, lps
 
-    def _retire(self, events: list[Event]) -> None:
-        for e in events:
-            if e.finished and e.seq in self.running:
-                self._drop(self.running, self.state, e.seq, keep=self.keep_finished and e.seq.error is None)
+    def _retire(self) -> None:
+        for seq in [s for s in self.running if s.done]:
+            self._drop(self.running, self.state, seq, keep=self.keep_finished and seq.error is None)
 
     def _drop(self, group: list[Sequence], state, seq: Sequence, keep: bool) -> None:
         row = group.index(seq)

@@ -13,21 +13,18 @@ prompt-lookup settings on a 10.7M byte model diverged in bf16; none in fp32); a 
 
 Proposers: a small draft model (any transformer with the same vocabulary), or prompt lookup — the
 continuation that followed the latest n-gram's previous occurrence in the text so far (a point-mass q).
-A proposer plugs into the scheduler's step (scheduler.py): it drafts for every running sequence at once,
-the target verifies all of them in one ragged forward (row b: its newest token and its n_b drafts), and
-each row keeps what it accepted; so speculative decoding runs on a batch like plain decoding does.
+A proposer plugs into the engine's step (``Engine(..., proposer=)``; scheduler.py): it drafts for every running
+sequence at once, the target verifies all of them in one ragged forward (row b: its newest token and its n_b
+drafts), and each row keeps what it accepted; so speculative decoding runs on a batch like plain decoding does.
 """
 from __future__ import annotations
 
-import time
 import warnings
 
 import torch
 
-from attnlab.engine.generate import GenerationOutput, check_request, finish_output
+from attnlab.engine.generate import GenerationOutput, batch_max_len, generate
 from attnlab.engine.sampling import SamplingParams, processed_probs
-from attnlab.engine.scheduler import Scheduler, Sequence
-from attnlab.engine.stops import StopChecker
 from attnlab.errors import AttnlabError
 
 
@@ -173,40 +170,25 @@ def speculative_generate(target, prompt: list[int], max_new_tokens: int, k: int 
                          stop_strings=(), tokenizer=None, truncate: str | None = None) -> GenerationOutput:
     """Generate with a draft model (``draft=``) or prompt lookup (``prompt_lookup=True``, matching the last
     lookup_ngram = (min, max) tokens). One prompt (a list of ids) or a batch (a list of lists)."""
-    params = params or SamplingParams()
-    proposer = make_proposer(target, k, draft, prompt_lookup, lookup_ngram, params)
     prompts = [list(prompt)] if prompt and isinstance(prompt[0], int) else [list(p) for p in prompt]
-    prompts = check_request(target, prompts, max_new_tokens, truncate)
-    t0 = time.perf_counter()
-    max_len = max(len(p) for p in prompts) + max_new_tokens + k + 1
-    if isinstance(proposer, DraftProposer):
-        proposer.max_len = max_len
-        proposer.state = draft.new_state(0, max_len)
-    sched = Scheduler(target, max_len=max_len, proposer=proposer)
-    seqs = [sched.submit(Sequence(p, max_new_tokens, params, StopChecker(stop_tokens, stop_strings, tokenizer)))
-            for p in prompts]
-    stamps, state_bytes = [], 0
-    while sched.has_work:
-        if sched.step():
-            stamps.append(time.perf_counter() - t0)
-            state_bytes = max(state_bytes, sched.state.nbytes)
-    out = finish_output(seqs, stamps, tokenizer, state_bytes, True, t0=t0)
+    max_len = batch_max_len(target, prompts, max_new_tokens) + k + 1 if prompts else 0
+    proposer = make_proposer(target, k, draft, prompt_lookup, lookup_ngram, max_len)
+    out = generate(target, prompts, max_new_tokens, params, stop_tokens, stop_strings, tokenizer, truncate=truncate,
+                   proposer=proposer)
     out.stats.accepted = out.stats.accepted or 0.0
     return out
 
 
 def make_proposer(target, k: int, draft=None, prompt_lookup: bool = False, lookup_ngram=(2, 4),
-                  params: SamplingParams | None = None):
-    """Check a speculative request and build its proposer."""
-    params = params or SamplingParams()
+                  max_len: int | None = None):
+    """Check a speculative setting and build its proposer; a draft keeps rows of ``max_len`` tokens (by default
+    the target's context). A request's own settings are checked by ``Engine.check``."""
     if (draft is None) == (not prompt_lookup):
         raise AttnlabError("choose exactly one proposer: a draft model or prompt lookup")
     if k < 1:
         raise AttnlabError(f"k={k} draft tokens per round must be >= 1")
     if not 1 <= lookup_ngram[0] <= lookup_ngram[1]:
         raise AttnlabError(f"lookup_ngram={lookup_ngram}: need 1 <= min <= max")
-    if params.repetition_penalty != 1.0:
-        raise AttnlabError("speculative decoding does not support a repetition penalty (it changes p per token)")
     for role, m in (("target", target), ("draft", draft)):
         if m is not None and (m.cfg.family != "transformer" or m.cfg.kernel == "sliding"):
             raise AttnlabError(f"speculative decoding needs a {role} whose KV cache can be rolled back: a softmax "
@@ -221,5 +203,5 @@ def make_proposer(target, k: int, draft=None, prompt_lookup: bool = False, looku
                       "nearly tie (the verify pass and a decode step round differently); use fp32 for identical "
                       "output", stacklevel=3)
     if draft is not None:
-        return DraftProposer(draft, k, target.cfg.max_seq_len)
+        return DraftProposer(draft, k, max_len or target.cfg.max_seq_len)
     return LookupProposer(k, lookup_ngram)

@@ -10,7 +10,7 @@ import torch
 
 from attnlab.config import preset
 from attnlab.engine import SamplingParams
-from attnlab.engine.engine import Engine
+from attnlab.engine.engine import Engine, EngineConfig
 from attnlab.engine.quantize import set_precision
 from attnlab.experiments.base import (Decision, Outcome, Plot, Series, condition, fit_exponent, in_regime, over_repeats,
                                       verdict)
@@ -72,7 +72,7 @@ MIN_GAIN, REPEATS = 1.25, 3
 
 def _chat(model, turns, user, reply, reuse):
     """[(turn, cumulative prompt tokens processed, cumulative end-to-end seconds)] for one conversation."""
-    engine = Engine(model, None, prefix_reuse=reuse)
+    engine = Engine(model, EngineConfig(prefix_reuse=reuse))
     history, cum_tokens, cum_s, rows = [], 0, 0.0, []
     g = torch.Generator().manual_seed(0)
     for turn in range(turns):

@@ -1,1 +1,1 @@
-"""Serving: an OpenAI-compatible HTTP API on the one-step scheduler, its metrics, and the live page."""
+"""Serving: an OpenAI-compatible HTTP API on the engine, its metrics, and the live page."""

@@ -16,12 +16,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import ipaddress
 import logging
 import secrets
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -30,7 +28,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from attnlab.engine.engine import Engine
 from attnlab.serve import completion as C
+from attnlab.serve.config import ServeConfig
 from attnlab.serve.metrics import Metrics
 from attnlab.serve.openapi import MAX_PREDICT_TOKENS, openapi_document
 from attnlab.serve.protocol import ApiError, ChatRequest, CompletionRequest, parse_body
@@ -39,65 +39,6 @@ from attnlab.serve.worker import Worker
 STATIC = Path(__file__).parent / "static"
 POST_ROUTES = ("/v1/completions", "/v1/chat/completions")  # the bodies a browser could be made to send
 log = logging.getLogger("attnlab.serve")
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return host == "localhost"
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-@dataclass
-class ServeConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_batch: int = 32
-    max_queue: int = 256
-    kv_blocks: int | None = None  # None: room for max_batch sequences of the full context
-    block_size: int = 16
-    prefill_chunk: int | None = 256  # prompt tokens a prompt feeds per step; None: a whole prompt in one step
-    prefill_budget: int | None = None  # prompt tokens per step across prompts; None: no cap
-    api_key: str | None = None
-    allow_origins: tuple[str, ...] = ()  # browser origins besides the server's own that may call it
-    insecure: bool = False  # bind a non-loopback address without an API key anyway
-    request_timeout_s: float = 600.0  # a request still running after this long is ended (408)
-    max_tokens_cap: int = 4096
-    max_body_bytes: int = 1 << 20
-    drain_s: float = 30.0
-    model_name: str | None = None
-    calibrate: bool = True  # measure the machine for the cost model at start-up (a few seconds, cached on disk)
-
-    def __post_init__(self) -> None:
-        from attnlab.errors import ConfigError
-
-        for name in ("max_batch", "max_queue", "block_size", "max_tokens_cap", "max_body_bytes"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 1")
-        if self.kv_blocks is not None and self.kv_blocks < 2:
-            raise ConfigError(f"--kv-blocks {self.kv_blocks} must be >= 2")
-        if self.prefill_chunk is not None and self.prefill_chunk < 1:
-            raise ConfigError(f"--prefill-chunk {self.prefill_chunk} must be >= 1 (0 on the command line: whole prompts)")
-        if self.prefill_budget is not None and self.prefill_budget < 1:
-            raise ConfigError(f"--prefill-budget {self.prefill_budget} must be >= 1 (omit it for no cap)")
-        if not 0 <= self.port < 65536:
-            raise ConfigError(f"--port {self.port} must be in 0..65535")
-        if self.drain_s < 0:
-            raise ConfigError(f"--drain-s {self.drain_s} must be >= 0")
-        if not self.request_timeout_s > 0:
-            raise ConfigError(f"--request-timeout {self.request_timeout_s} must be > 0 seconds")
-        if self.api_key is not None and not self.api_key.strip():
-            raise ConfigError("the API key is empty; give a key, or none for an open loopback server")
-        if not is_loopback(self.host) and self.api_key is None and not self.insecure:
-            raise ConfigError(f"--host {self.host} is reachable from other machines, and no API key is set: anyone "
-                              "who can reach it could run the model. Give --api-key-file FILE (or ATTNLAB_API_KEY), "
-                              "or pass --insecure to serve without a key anyway")
-        bad = [o for o in self.allow_origins if not o.startswith(("http://", "https://")) or o.endswith("/")]
-        if bad:
-            raise ConfigError(f"--allow-origin {bad[0]!r} must be an origin such as http://localhost:3000 "
-                              "(scheme and host, no path or trailing slash)")
 
 
 class _DisconnectAware(StreamingResponse):
@@ -127,10 +68,9 @@ class _DisconnectAware(StreamingResponse):
 
 
 def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None) -> FastAPI:
-    worker = worker or Worker(served.model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, kv_blocks=cfg.kv_blocks,
-                              block_size=cfg.block_size, prefill_chunk=cfg.prefill_chunk,
-                              prefill_budget=cfg.prefill_budget,
-                              cache_dtype=getattr(served.model, "cache_dtype", None))
+    if worker is None:
+        engine = Engine(served.model, cfg.engine_config(getattr(served.model, "cache_dtype", None)), served.tokenizer)
+        worker = Worker(engine, max_queue=cfg.max_queue)
     metrics = Metrics(worker)
     app = FastAPI(title="attnlab", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.served, app.state.worker, app.state.cfg, app.state.metrics = served, worker, cfg, metrics
@@ -239,7 +179,8 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
                            "(GET /v1/models)", "model", "model_not_found")
 
     def limit_tokens(prompt_len: int, asked: int | None, default: int | None) -> int:
-        """Check the prompt and max_tokens against the context, the cap and the KV pool; -> max_tokens."""
+        """Check the prompt and max_tokens against the context and the cap; -> max_tokens (the engine checks the
+        rest, the KV pool's room included, when the run is made)."""
         if prompt_len == 0:
             raise ApiError(400, "the prompt is empty; give at least one token of text", "prompt", "empty_prompt")
         if context is not None and prompt_len >= context:
@@ -257,15 +198,7 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
                 raise ApiError(400, f"the prompt's {prompt_len} tokens + max_tokens {n} = {prompt_len + n} exceed "
                                f"the model's context of {context} tokens; ask for at most {context - prompt_len}",
                                "max_tokens", "context_length")
-        n = min(n, room)
-        pool = worker.pool
-        if pool is not None:
-            need = -(-(prompt_len + n) // pool.block_size)
-            if need > pool.n_blocks:
-                raise ApiError(400, f"this request needs {need} KV blocks of {pool.block_size} tokens; the server's "
-                               f"pool holds {pool.n_blocks}; lower max_tokens or restart with a larger --kv-blocks",
-                               "max_tokens", "kv_capacity")
-        return n
+        return min(n, room)
 
     def encode_prompt(prompt) -> list[int]:
         if isinstance(prompt, list):
@@ -291,12 +224,12 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
             failure = run.failure()
             status = "200" if failure is None else ("499" if gone or run.client_gone else str(failure.status))
             metrics.requests.labels(endpoint, status).inc()
-            metrics.prompt_tokens.inc(len(run.seq.prompt))
-            metrics.generation_tokens.inc(len(run.seq.tokens))
+            metrics.prompt_tokens.inc(run.prompt_tokens)
+            metrics.generation_tokens.inc(run.completion_tokens)
             if run.first_s is not None:
                 metrics.ttft.observe(run.first_s)
-            if len(run.seq.tokens) > 1 and run.last_s is not None:
-                metrics.tpot.observe((run.last_s - run.first_s) / (len(run.seq.tokens) - 1))
+            if run.completion_tokens > 1 and run.last_s is not None:
+                metrics.tpot.observe((run.last_s - run.first_s) / (run.completion_tokens - 1))
             if failure is not None:
                 metrics.cancelled.inc()
         return record
@@ -409,13 +342,13 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
             return denied
         from attnlab.runtime import cpu_name
 
-        pool = worker.pool
-        state = served.model.new_state(1, 1)
+        st = worker.engine.stats()
+        block = st.get("kv_block_size")
+        per_token = st["kv_bytes_per_block"] // block if block else served.model.new_state(1, 1).bytes_per_token
         return {"model": served.name, "path": served.path, "family": model_cfg.family, "context": context,
                 "vocab_size": model_cfg.vocab_size,
                 "dtype": served.dtype, "params": sum(p.numel() for p in served.model.parameters()),
-                "kv_bytes_per_token": pool.bytes_per_block // pool.block_size if pool else state.bytes_per_token,
-                "kv_block_size": pool.block_size if pool else None, "max_batch": cfg.max_batch,
+                "kv_bytes_per_token": per_token, "kv_block_size": block, "max_batch": cfg.max_batch,
                 "prefill_chunk": cfg.prefill_chunk, "prefill_budget": cfg.prefill_budget, "max_tokens_cap": cfg.max_tokens_cap,
                 "chat_template": served.template.origin, "cpu": cpu_name(), "auth": cfg.api_key is not None}
 

@@ -1,10 +1,10 @@
-"""One request's life on the server: checked, submitted to the engine thread, its tokens turned into text
-and into OpenAI-shaped responses (one JSON body, or server-sent events ending with ``data: [DONE]``).
+"""One request's life on the server: checked by the engine, submitted to the engine thread, its events turned into
+OpenAI-shaped responses (one JSON body, or server-sent events ending with ``data: [DONE]``).
 
-Text is produced incrementally and held back while it could still be wrong: a UTF-8 character split across
-tokens (the decoder shows U+FFFD until it is complete) and any tail that could be the start of a stop string
-(so ``"\\nUser:"`` never leaks its ``"\\n"`` before the stop is seen). Every token still gets its own event,
-even with empty text, so a client sees each token's arrival (the page's timeline needs it).
+The text is the engine's: each event carries what it makes safe to show, from the one incremental detokenizer and
+stop matcher (engine/detok.py), which holds back a UTF-8 character split across tokens and any tail that could
+begin a stop string. Every token still gets its own event, even with empty text, so a client sees each token's
+arrival (the page's timeline needs it).
 
 The stream's contract: every chunk with a choice carries exactly one generated token, except chat's opening
 chunk (``delta.role`` only); the last token's chunk carries ``finish_reason`` ("stop" or "length", OpenAI's
@@ -20,11 +20,14 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from attnlab.engine.request import CANCELLED, FAILED, FINISHED, Event, Request, RequestError
 from attnlab.engine.sampling import SamplingParams
-from attnlab.engine.scheduler import Event, Sequence
-from attnlab.engine.stops import StopChecker
 from attnlab.serve.protocol import ApiError
 from attnlab.serve.worker import Draining, QueueFull
+
+ABORT_GRACE_S = 30.0  # how long a timed-out request waits for the engine to confirm its abort
+
+API_PARAM = {"max_new_tokens": "max_tokens", "stop_strings": "stop", "params": None}  # engine field -> body field
 
 
 @dataclass
@@ -41,68 +44,12 @@ class Served:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-class TextStream:
-    """Token ids in, safe-to-show text deltas out, in O(1) per token.
-
-    Incremental detokenization (as vLLM and HF's TextStreamer do it): only the newest tokens are decoded, with
-    a few tokens before them as context (a SentencePiece "▁word" decodes differently at the start of a string
-    than after other text), and the difference is the new text; decoding the whole text per token made a long
-    answer's streaming quadratic."""
-
-    def __init__(self, tokenizer, stops: list[str]):
-        self.tokenizer, self.stops = tokenizer, stops
-        self.ids: list[int] = []
-        self._prefix = self._read = 0  # ids[_prefix:_read] is the context whose text is already decoded
-        self.pending = ""  # decoded but not yet sent: held back while it could begin a stop string
-        self.sent_chars = 0
-        self.stopped = False
-
-    def _decode_new(self, final: bool) -> str:
-        ids, decode = self.ids, self.tokenizer.decode_text
-        before = decode(ids[self._prefix:self._read])
-        after = decode(ids[self._prefix:])
-        if len(after) > len(before) and (final or not after.endswith("\ufffd")):  # wait for a split character
-            self._prefix, self._read = self._read, len(ids)
-            return after[len(before):]
-        return ""
-
-    def push(self, token: int, final: bool) -> str:
-        """The text this token makes safe to send. Only the unsent tail is searched: a stop string never begins
-        inside text already sent, because any tail that could begin one is held back."""
-        if self.tokenizer is None or self.stopped:
-            return ""
-        if token >= 0:
-            self.ids.append(token)
-        if token >= 0 or (final and self._read < len(self.ids)):
-            self.pending += self._decode_new(final)
-        text = self.pending
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            delta, self.pending, self.stopped = text[:cut], "", True
-        elif final:
-            delta, self.pending = text, ""
-        else:
-            keep = self._stop_prefix(text)
-            delta, self.pending = text[:len(text) - keep], text[len(text) - keep:]
-        self.sent_chars += len(delta)
-        return delta
-
-    def _stop_prefix(self, text: str) -> int:
-        """Length of the longest tail of text that is the beginning of a stop string."""
-        best = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(text)), best, -1):
-                if text.endswith(s[:n]):
-                    best = n
-                    break
-        return best
-
 def token_text(tokenizer, token: int) -> str:
     return tokenizer.decode_text([token]) if tokenizer is not None else f"token_id:{token}"
 
 
 class Run:
-    """A submitted request: its sequence, the queue its events arrive on, and its timings."""
+    """A submitted request: its engine request, the queue its events arrive on, and its timings."""
 
     def __init__(self, app_state, ids: list[int], max_tokens: int, req, stops: list[str], top_logprobs: int | None,
                  cache_salt: str = "", deadline_s: float | None = None):
@@ -114,20 +61,25 @@ class Run:
         params = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
                                 repetition_penalty=req.repetition_penalty, seed=seed)
         stop_tokens = [] if req.ignore_eos else served.stop_tokens
-        stopper = StopChecker(stop_tokens, stops, served.tokenizer)
-        self.seq = Sequence(ids, max_tokens, params, stopper, top_logprobs=top_logprobs or 0, cache_salt=cache_salt)
+        self.request = Request(ids, max_tokens, params, stop_tokens, stops, cache_salt, top_logprobs or 0)
+        try:
+            self.worker.engine.check(self.request)  # refused here, before it takes a place in the queue
+        except RequestError as e:
+            raise ApiError(400, str(e), API_PARAM.get(e.field, e.field), e.code) from None
+        self.prompt_tokens = len(ids)
+        self.completion_tokens = 0
+        self.cached_tokens = 0
         self.deadline = None if deadline_s is None else self.arrived + deadline_s
         self.timed_out = False
         self.want_logprobs = top_logprobs is not None
-        self.text = TextStream(served.tokenizer, stops)
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
         self.first_s: float | None = None
         self.last_s: float | None = None
-        self.finished = False
+        self.last: Event | None = None  # the engine's last event for this request: how it ended
         self.recorded = False  # its metrics are counted (once, however the request ends)
         self.client_gone = False  # abandoned by its client before it finished (counted as 499)
         try:
-            self.worker.submit(self.seq, asyncio.get_running_loop(), self.queue)
+            self.ticket = self.worker.submit(self.request, asyncio.get_running_loop(), self.queue)
         except QueueFull:
             raise ApiError(429, f"the server's queue is full ({self.worker.max_queue} requests waiting); retry "
                            "shortly", None, "queue_full", "rate_limit_error", {"Retry-After": "1"}) from None
@@ -135,35 +87,59 @@ class Run:
             raise ApiError(503, "the server is shutting down and takes no new requests", None, "shutting_down",
                            "server_error") from None
 
-    async def next(self) -> tuple[Event, str]:
-        """The next token event and the text it makes safe to show. Past the request's deadline the run is
-        cancelled and ends with a final event (``timed_out`` set)."""
-        if self.deadline is None:
+    @property
+    def finished(self) -> bool:
+        """The request's last event has arrived."""
+        return self.last is not None
+
+    async def next(self) -> Event:
+        """The next event (``event.text``: the text it makes safe to show). Past the request's deadline the run is
+        aborted: the engine's own last event for it ends the run (``timed_out`` set)."""
+        if self.deadline is None or self.timed_out:
             event = await self.queue.get()
         else:
             try:
                 event = await asyncio.wait_for(self.queue.get(), max(0.0, self.deadline - time.perf_counter()))
             except asyncio.TimeoutError:
                 self.timed_out = True
-                self.worker.cancel(self.seq)
-                event = Event(self.seq, -1, 0.0, True)
+                self.worker.cancel(self.ticket)
+                event = await self._last_after_abort()
         now = time.perf_counter() - self.arrived
-        if event.token >= 0:
+        if event.token is not None:
             self.first_s = now if self.first_s is None else self.first_s
             self.last_s = now
-        self.finished = event.finished
-        return event, self.text.push(event.token, event.finished)
+            self.completion_tokens += 1
+        self.cached_tokens = event.cached_tokens
+        if event.done:
+            self.last = event
+        return event
+
+    async def _last_after_abort(self) -> Event:
+        """The engine's own last event after an abort (tokens already on their way are skipped). An engine that does
+        not answer within ABORT_GRACE_S (its thread dead or stuck in one long forward) must not hold the client too:
+        the run then ends here, and /health already reports the engine."""
+        end = time.perf_counter() + ABORT_GRACE_S
+        while True:
+            try:
+                event = await asyncio.wait_for(self.queue.get(), max(0.0, end - time.perf_counter()))
+            except asyncio.TimeoutError:
+                return Event(self.ticket, CANCELLED, finish_reason="cancelled",
+                             error="the engine did not answer the abort in time", cached_tokens=self.cached_tokens)
+            if event.done:
+                return event
 
     def cancel(self) -> None:
-        """The client no longer waits: free the sequence now (a no-op once it finished)."""
+        """The client no longer waits: free the request now (a no-op once it finished)."""
         if not self.finished:
             self.client_gone = True
-            self.worker.cancel(self.seq)
+            self.worker.cancel(self.ticket)
 
     @property
     def finish_reason(self) -> str | None:
         """OpenAI's finish reason ("stop" or "length"), or None for a run that did not end on its own."""
-        return self.seq.finish_reason if self.seq.finish_reason in ("stop", "length") and not self.timed_out else None
+        if self.last is None or self.last.state != FINISHED or self.timed_out:
+            return None
+        return self.last.finish_reason
 
     def failure(self) -> ApiError | None:
         """Why the run ended without finishing, as the error a client is sent; None when it finished."""
@@ -173,9 +149,10 @@ class Run:
             return ApiError(408, f"the request ran past the server's deadline of {self.worker_deadline_text()}; ask "
                             "for fewer tokens or raise the server's --request-timeout", None, "request_timeout",
                             "timeout_error")
-        if self.seq.finish_reason == "error":
-            return ApiError(500, self.seq.error or "the engine failed while running this request", None,
+        if self.last is not None and self.last.state == FAILED:
+            return ApiError(500, self.last.error or "the engine failed while running this request", None,
                             "engine_error", "server_error")
+        assert self.last is None or self.last.state == CANCELLED
         return ApiError(503, "the request was ended before it finished (the server is shutting down)", None,
                         "cancelled", "server_error")
 
@@ -183,11 +160,11 @@ class Run:
         return f"{self.deadline - self.arrived:.0f} s" if self.deadline is not None else "none"
 
     def usage(self) -> dict:
-        n = len(self.seq.tokens)
+        n = self.completion_tokens
         ttft = self.first_s or 0.0
         tpot = (self.last_s - self.first_s) / (n - 1) if n > 1 and self.first_s is not None else 0.0
-        return {"prompt_tokens": len(self.seq.prompt), "completion_tokens": n, "total_tokens": len(self.seq.prompt) + n,
-                "prompt_tokens_details": {"cached_tokens": min(self.seq.cached_tokens, len(self.seq.prompt))},
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n,
+                "prompt_tokens_details": {"cached_tokens": min(self.cached_tokens, self.prompt_tokens)},
                 "ttft_s": round(ttft, 6), "tpot_s": round(tpot, 6)}
 
 
@@ -196,7 +173,7 @@ def completion_logprobs(tokenizer, events: list[Event], offset: int) -> dict:
     """The legacy completions format: tokens, token_logprobs, top_logprobs, text_offset."""
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for e in events:
-        if e.token < 0:
+        if e.token is None:
             continue
         piece = token_text(tokenizer, e.token)
         out["tokens"].append(piece)
@@ -213,7 +190,7 @@ def chat_logprobs(tokenizer, events: list[Event]) -> dict:
         return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
 
     return {"content": [{**entry(e.token, e.logprob), "top_logprobs": [entry(t, lp) for t, lp in (e.top or [])]}
-                        for e in events if e.token >= 0]}
+                        for e in events if e.token is not None]}
 
 
 def sse(obj) -> bytes:
@@ -224,8 +201,8 @@ async def collect(run: Run) -> tuple[str, list[Event]]:
     """Wait for the whole completion; returns its text and token events."""
     parts, events = [], []
     while not run.finished:
-        event, delta = await run.next()
-        parts.append(delta)
+        event = await run.next()
+        parts.append(event.text)
         events.append(event)
     return "".join(parts), events
 
@@ -238,7 +215,8 @@ async def stream_completion(run: Run, rid: str, include_usage: bool, on_done):
     try:
         offset = 0
         while not run.finished:
-            event, delta = await run.next()
+            event = await run.next()
+            delta = event.text
             if run.finished and run.failure() is not None:
                 if delta:  # text the last token made safe is still the client's
                     yield sse({"id": rid, "object": "text_completion", "created": run.created,
@@ -248,7 +226,7 @@ async def stream_completion(run: Run, rid: str, include_usage: bool, on_done):
                 yield b"data: [DONE]\n\n"
                 return
             choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": None}
-            if run.want_logprobs and event.token >= 0:
+            if run.want_logprobs and event.token is not None:
                 choice["logprobs"] = completion_logprobs(run.served.tokenizer, [event], offset)
             offset += len(delta)
             if run.finished:
@@ -276,7 +254,8 @@ async def stream_chat(run: Run, rid: str, include_usage: bool, on_done):
             first["usage"] = None
         yield sse(first)
         while not run.finished:
-            event, delta = await run.next()
+            event = await run.next()
+            delta = event.text
             if run.finished and run.failure() is not None:
                 if delta:
                     yield sse({**base, "choices": [{"index": 0, "delta": {"content": delta}, "logprobs": None,
@@ -286,7 +265,7 @@ async def stream_chat(run: Run, rid: str, include_usage: bool, on_done):
                 return
             choice = {"index": 0, "delta": {"content": delta} if delta else {}, "logprobs": None,
                       "finish_reason": run.finish_reason if run.finished else None}
-            if run.want_logprobs and event.token >= 0:
+            if run.want_logprobs and event.token is not None:
                 choice["logprobs"] = chat_logprobs(run.served.tokenizer, [event])
             chunk = {**base, "choices": [choice]}
             if include_usage:

@@ -35,10 +35,11 @@ class Metrics:
             "attnlab_prefix_cache_hit_rate": ("prompt tokens served from the prefix cache / prompt tokens",
                                               lambda: worker.snapshot()["prefix_hit_rate"]),
         }
-        if worker.pool is not None:
-            gauges["attnlab_kv_blocks_used"] = ("KV-cache blocks held by sequences", lambda: worker.pool.used_blocks)
+        if "kv_blocks_total" in worker.engine.stats():
+            gauges["attnlab_kv_blocks_used"] = ("KV-cache blocks held by sequences",
+                                                lambda: worker.engine.stats()["kv_blocks_used"])
             gauges["attnlab_kv_blocks_free"] = ("KV-cache blocks free (including evictable cached prefixes)",
-                                                lambda: worker.pool.free_blocks)
+                                                lambda: worker.engine.stats()["kv_blocks_free"])
         for name, (doc, fn) in gauges.items():
             Gauge(name, doc, registry=r).set_function(fn)
         r.register(_EngineCounters(worker))

@@ -14,7 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
-from attnlab.serve.app import ServeConfig, create_app
+from attnlab.serve.app import create_app
+from attnlab.serve.config import ServeConfig
 from attnlab.serve.chat import load_template
 from attnlab.serve.completion import Served
 
@@ -65,8 +66,9 @@ def serve(path: str, cfg: ServeConfig, dtype: str = "fp32", log_level: str = "wa
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=cfg.drain_s, lifespan="on")
     server = DrainingServer(config)
-    pool = worker.pool
-    kv = (f"{pool.n_blocks} KV blocks x {pool.block_size} tokens ({pool.nbytes / 2**20:.0f} MiB)" if pool
+    st = worker.engine.stats()
+    kv = (f"{st['kv_blocks_total']} KV blocks x {st['kv_block_size']} tokens "
+          f"({st['kv_blocks_total'] * st['kv_bytes_per_block'] / 2**20:.0f} MiB)" if st["paged"]
           else "a contiguous state per sequence")
     auth = ", API key required" if cfg.api_key else ""
     print(f"attnlab serve: {served.name} ({served.model.cfg.family}, {dtype}) on http://{cfg.host}:{cfg.port} "

@@ -1,27 +1,30 @@
-"""The engine thread: one ``Scheduler`` stepped in a loop, fed by the HTTP side through an inbox.
+"""The engine thread: one ``Engine`` stepped in a loop, fed by the HTTP side through an inbox.
 
-Faults stay with their requests: the scheduler ends a sequence whose own logits or sampling fail, and the
-sequences of a forward that fails, each with a final event its client sees as an error; the thread goes on.
-``healthy`` turns false when the thread has died or its last ``UNHEALTHY_AFTER`` steps all failed.
+Faults stay with their requests: the engine (``raise_faults=False``) ends a request whose own logits or sampling
+fail, and the requests of a forward that fails, each with a last ``failed`` event its client sees as an error;
+the thread goes on. ``healthy`` turns false when the thread has died or its last ``UNHEALTHY_AFTER`` steps all
+failed.
 
 Why a thread: a step is one batched forward (tens of milliseconds of torch work that releases the GIL), and
 the asyncio loop must keep accepting, streaming and noticing disconnects meanwhile. Only this thread touches
-the scheduler and the KV pool; the HTTP side posts "submit" and "cancel" into the inbox, which is applied
-between steps, so a cancelled sequence's blocks are free before the next step runs. Each token reaches its
-request's asyncio queue; a step's events for every request go over in one call onto the event loop (one
-wake-up per step, not one per token).
+the engine; the HTTP side posts "add" and "abort" into the inbox, which is applied between steps, so an aborted
+request's blocks are free before the next step runs, and its last event (``cancelled``) comes from the engine
+like any other. Each event reaches its request's asyncio queue; a step's events for every request go over in
+one call onto the event loop (one wake-up per step, not one per token). What the worker reports about the
+engine it reads from ``engine.stats()``.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import itertools
 import logging
 import threading
-import traceback
 from collections import deque
 from dataclasses import dataclass
 
-from attnlab.engine.scheduler import Event, Scheduler, Sequence
+from attnlab.engine.engine import Engine
+from attnlab.engine.request import FAILED, Event, Request
 
 log = logging.getLogger("attnlab.serve")
 
@@ -76,24 +79,18 @@ def _put_all(items: list) -> None:
 
 
 class Worker:
-    def __init__(self, model, *, max_batch: int, max_queue: int, kv_blocks: int | None, block_size: int = 16,
-                 prefill_chunk: int | None = None, prefill_budget: int | None = None, cache_dtype=None):
-        cfg = model.cfg
-        self.model = model
+    def __init__(self, engine: Engine, *, max_queue: int):
+        self.engine = engine
         self.max_queue = max_queue
-        # paged with prefix caching where the model allows it: room for max_batch full contexts by default
-        self.scheduler = Scheduler(model, max_len=cfg.max_seq_len, max_batch=max_batch, prefill_chunk=prefill_chunk,
-                                   prefill_budget=prefill_budget, cache_dtype=cache_dtype, paged=True,
-                                   kv_blocks=kv_blocks or max_batch * -(-cfg.max_seq_len // block_size),
-                                   block_size=block_size, raise_faults=False)
-        self.pool = self.scheduler.pool
         self.totals = Totals()
         self.accepting = True
         self._inbox: deque = deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._listeners: dict[int, tuple] = {}  # id(seq) -> (event loop, asyncio queue)
-        self._fresh: set[int] = set()  # sequences whose prompt is not yet counted in the totals
+        self._tickets = itertools.count()
+        self._ids: dict[int, int] = {}  # the HTTP side's ticket -> the engine's request id
+        self._listeners: dict[int, tuple] = {}  # engine id -> (event loop, asyncio queue, ticket)
+        self._fresh: dict[int, int] = {}  # engine id -> prompt tokens, not yet counted in the totals
         self._stop = False
         self._idle = threading.Event()
         self._idle.set()
@@ -103,37 +100,41 @@ class Worker:
         self.thread.start()
 
     # -- called from the HTTP side (any thread) -------------------------------------------------------------
-    def submit(self, seq: Sequence, loop, queue) -> None:
-        """Queue seq; its events will be put on ``queue`` (an asyncio.Queue) from ``loop``'s thread."""
+    def submit(self, request: Request, loop, queue) -> int:
+        """Queue a request (``engine.check``-ed by the caller); its events will be put on ``queue`` (an
+        asyncio.Queue) from ``loop``'s thread. Returns the ticket that ``cancel`` takes."""
         with self._lock:
             if not self.accepting:
                 raise Draining()
             if self.queued >= self.max_queue:
                 raise QueueFull()
-            self._inbox.append(("submit", seq, (loop, queue)))
+            ticket = next(self._tickets)
+            self._inbox.append(("add", ticket, (request, loop, queue)))
             self._idle.clear()
         self._wake.set()
+        return ticket
 
-    def cancel(self, seq: Sequence) -> None:
+    def cancel(self, ticket: int) -> None:
+        """End the request now; its last event (``cancelled``, or how it ended if that came first) still arrives."""
         with self._lock:
-            self._inbox.append(("cancel", seq, None))
+            self._inbox.append(("abort", ticket, None))
         self._wake.set()
 
     @property
     def queued(self) -> int:
-        """Requests not yet admitted to a batch (the scheduler's waiting queue plus the inbox)."""
-        return self.scheduler.stats()["waiting"] + sum(1 for kind, _, _ in list(self._inbox) if kind == "submit")
+        """Requests not yet admitted to a batch (the engine's waiting queue plus the inbox)."""
+        return self.engine.stats()["waiting"] + sum(1 for kind, _, _ in list(self._inbox) if kind == "add")
 
     @property
     def running(self) -> int:
-        st = self.scheduler.stats()
+        st = self.engine.stats()
         return st["running"] + st["prefilling"]
 
     def snapshot(self) -> dict:
         t = self.totals
-        st = self.scheduler.stats()
+        st = self.engine.stats()
         out = {"running": st["running"] + st["prefilling"], "queued": self.queued, "max_queue": self.max_queue,
-               "max_batch": self.scheduler.max_batch, "accepting": self.accepting,
+               "max_batch": st["max_batch"], "accepting": self.accepting,
                "prompt_tokens": t.prompt_tokens, "cached_tokens": t.cached_tokens,
                "prefix_hit_rate": t.cached_tokens / t.prompt_tokens if t.prompt_tokens else 0.0,
                "generated_tokens": t.generated_tokens, "preemptions": t.preemptions, "steps": t.steps,
@@ -151,7 +152,7 @@ class Worker:
         return self._idle.wait(timeout_s)
 
     def stop(self) -> None:
-        """Cancel whatever is left (each request gets its final event) and end the thread."""
+        """Abort whatever is left (each request gets its last event) and end the thread."""
         self.accepting = False
         self._stop = True
         self._wake.set()
@@ -160,73 +161,81 @@ class Worker:
 
     # -- the engine thread ------------------------------------------------------------------------------------
     def _run(self) -> None:
-        sched = self.scheduler
+        engine = self.engine
         while True:
             self._apply_inbox()
             if self._stop:
-                self._cancel_all("cancelled")
+                self._abort_all()
                 return
-            if not sched.has_work:
+            if not engine.has_work:
                 if not self._idle.is_set():
                     _trim_heap()
                 self._idle.set()
                 self._wake.wait(0.25)
                 self._wake.clear()
                 continue
-            errors_before = sched.step_errors
-            try:
-                events = sched.step()
-            except Exception:  # a bug outside any one forward: end everything in flight, keep serving
-                log.error("engine step failed; ending the sequences in flight\n%s", traceback.format_exc())
-                sched.step_errors += 1
-                events = sched.fail([*sched.waiting, *sched.prefilling, *sched.running],
-                                    "the engine failed while running this request; see the server log")
-            failed = sched.step_errors > errors_before
+            errors_before = engine.stats()["step_errors"]
+            events = engine.step()  # raise_faults=False: a fault ends requests, not this thread
+            st = engine.stats()
+            failed = st["step_errors"] > errors_before
             if failed:
-                log.error("engine: %s", sched.last_error or "a step failed")
+                log.error("engine: %s", st["last_error"] or "a step failed")
             t = self.totals
             t.failed_streak = t.failed_streak + 1 if failed else 0
             t.steps += 1
-            t.step_errors, t.sequence_errors, t.preemptions = sched.step_errors, sched.seq_errors, sched.preemptions
-            t.generated_tokens += sum(1 for e in events if e.token >= 0)
+            t.step_errors, t.sequence_errors = st["step_errors"], st["sequence_errors"]
+            t.preemptions = st["preemptions"]
+            t.generated_tokens += sum(1 for e in events if e.token is not None)
             self._deliver(events)
 
     def _apply_inbox(self) -> None:
         with self._lock:
             items, self._inbox = list(self._inbox), deque()
-        for kind, seq, sink in items:
-            if kind == "submit":
-                self._listeners[id(seq)] = sink
-                self._fresh.add(id(seq))
-                self.scheduler.submit(seq)
-            else:  # cancel: frees the row and its blocks now, before the next step (a finished one: a no-op)
-                self.scheduler.cancel(seq)
-                self._listeners.pop(id(seq), None)
-                self._fresh.discard(id(seq))
+        refused = []
+        for kind, ticket, payload in items:
+            if kind == "add":
+                request, loop, queue = payload
+                try:
+                    rid = self.engine.add(request)
+                except Exception as e:  # noqa: BLE001 - the caller checked it; a refusal here is still its own
+                    log.error("engine refused a checked request: %s: %s", type(e).__name__, e)
+                    refused.append((loop, queue, e))
+                    continue
+                self._ids[ticket] = rid
+                self._listeners[rid] = (loop, queue, ticket)
+                self._fresh[rid] = len(request.prompt)
+            elif ticket in self._ids:  # abort: frees the rows and blocks now, before the next step
+                self.engine.abort(self._ids[ticket])
+        for loop, queue, e in refused:  # no id, so no engine event: the request's only event says why
+            self._post(loop, [(queue, Event(-1, FAILED, finish_reason="error", error=f"the engine refused the "
+                                                                                    f"request: {e}"))])
 
     def _deliver(self, events: list[Event]) -> None:
         by_loop: dict = {}
         for event in events:
-            seq = event.seq
-            if id(seq) in self._fresh and (event.token >= 0 or event.finished):
+            rid = event.id
+            if rid in self._fresh and (event.token is not None or event.done):
                 # its first token (the prefill and any prefix-cache hit are done), or its end before one
-                self._fresh.discard(id(seq))
-                self.totals.prompt_tokens += len(seq.prompt)
-                self.totals.cached_tokens += seq.cached_tokens
-            sink = self._listeners.pop(id(seq), None) if event.finished else self._listeners.get(id(seq))
-            if sink is not None:
-                by_loop.setdefault(sink[0], []).append((sink[1], event))
+                self.totals.prompt_tokens += self._fresh.pop(rid)
+                self.totals.cached_tokens += event.cached_tokens
+            sink = self._listeners.pop(rid, None) if event.done else self._listeners.get(rid)
+            if sink is None:
+                continue
+            if event.done:
+                self._ids.pop(sink[2], None)
+            by_loop.setdefault(sink[0], []).append((sink[1], event))
         for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError:  # the loop is closed (shutting down): nobody is listening
-                pass
+            self._post(loop, items)
 
-    def _cancel_all(self, reason: str) -> None:
-        sched = self.scheduler
-        events = []
-        for seq in [*sched.waiting, *sched.prefilling, *sched.running]:
-            sched.cancel(seq, reason)
-            events.append(Event(seq, -1, 0.0, True))
-        self._deliver(events)
+    @staticmethod
+    def _post(loop, items: list) -> None:
+        try:
+            loop.call_soon_threadsafe(_put_all, items)
+        except RuntimeError:  # the loop is closed (shutting down): nobody is listening
+            pass
+
+    def _abort_all(self) -> None:
+        for rid in list(self._listeners):
+            self.engine.abort(rid)
+        self._deliver(self.engine.step())
         self._idle.set()
