@@ -125,13 +125,14 @@ def evaluate(model, batches, device, teacher=None) -> dict:
     return out
 
 
-def train_in_memory(model, batch, cfg: TrainConfig, clip: bool = True, teacher=None, amp: bool = False):
+def train_in_memory(model, batch, cfg: TrainConfig, clip: bool = True, teacher=None, amp: bool = False, until=None):
     """The plain loop without files: AdamW, the warmup + cosine schedule, clipping. ``batch(step) -> (x, y)``.
     For experiments that need a briefly trained model and no checkpoint. With ``teacher`` (a frozen model of
     the same vocabulary) the loss is distill_loss at cfg.distill_weight / cfg.distill_temperature; a batch of
     three, (x, y, teacher_logits), distils from logits computed beforehand (a teacher run once over a fixed
     sample set rather than at every step). ``amp``: forward and backward under bf16 autocast (weights and the
-    optimizer stay fp32), for a CPU with bf16 matrix units or a GPU."""
+    optimizer stay fp32), for a CPU with bf16 matrix units or a GPU. ``until(steps_done) -> bool``, called after
+    every step, ends training early when it returns True (a curriculum phase that lasts until a skill is learned)."""
     optimizer = make_optimizer(model, cfg)
     model.train()
     device_type = next(model.parameters()).device.type
@@ -153,6 +154,8 @@ def train_in_memory(model, batch, cfg: TrainConfig, clip: bool = True, teacher=N
         if clip and cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
+        if until is not None and until(step + 1):
+            break
     return model.eval()
 
 

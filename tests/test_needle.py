@@ -106,6 +106,31 @@ def test_answers_are_scored_on_the_first_digit_and_exactly(monkeypatch):
         assert (p["acc"], p["exact"]) == (first, exact)
 
 
+def test_training_starts_dense_then_mixes_dense_facts_in_text_and_plain_text():
+    """Phase 1 only dense sequences (every fact asked); phase 2: odd steps dense, even steps plain corpus text or facts
+    planted in text with at most max_asked questions (needle._batches)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from attnlab.data.synthetic import IGNORE
+    s = replace(needle.SETUPS["quick"], batch=3)
+    task = SimpleNamespace(cfg=SimpleNamespace(seed=0), batch=lambda step: "corpus window")
+    batch = needle._batches(task, TEXT, s)
+    asked = lambda y: {int(n) for n in (y != IGNORE).sum(-1) // needle.DIGITS}
+    dense_len = needle.min_length(needle.DENSE_FACTS, needle.DENSE_FACTS)
+    for step in range(6):
+        x, y = batch(step, 1)
+        assert asked(y) == {needle.DENSE_FACTS} and dense_len <= x.shape[1] <= dense_len + needle.DENSE_SLACK
+    for step in range(6, 40):
+        out = batch(step)
+        if step % 2:
+            assert asked(out[1]) == {needle.DENSE_FACTS}
+        elif step % 4 == 0:
+            assert out == "corpus window"
+        else:
+            assert asked(out[1]) <= set(range(1, s.max_asked + 1)) and out[0].shape[1] <= s.train_len
+
+
 def test_beyond_and_standard_errors():
     assert needle.beyond(0.30, 0.10, 0.05) is True
     assert needle.beyond(0.02, 0.10, 0.02) is False
@@ -116,7 +141,7 @@ def test_beyond_and_standard_errors():
 @pytest.mark.slow
 def test_a_tiny_model_trains_and_probes(monkeypatch):
     from dataclasses import replace
-    monkeypatch.setitem(needle.SETUPS, "quick", replace(needle.SETUPS["quick"], steps=2, train_len=64, dim=32,
+    monkeypatch.setitem(needle.SETUPS, "quick", replace(needle.SETUPS["quick"], steps=2, dense_steps=2, dim=32,
                                                                  max_facts=2, max_asked=1))
     needle.trained.cache_clear()
     try:

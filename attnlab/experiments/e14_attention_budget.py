@@ -35,12 +35,18 @@ CHANGES = [
              "learned the task.")},
     {"date": "2026-12-02", "what": "regime: the model must also tell the fact from one look-alike",
      "old": "Regime: first-digit accuracy >= 80% on the fact alone in a short context.",
-     "new": ("Also >= 80% at the trained length with the fact beside one same-form distractor (needle.learned_conditions)."),
+     "new": ("Also >= 80% at the trained length with the fact beside one same-form distractor "
+             "(needle.learned_conditions)."),
      "why": ("The first full run of the planted-fact design (before this entry) met the old regime (100% on the fact "
              "alone) but scored 50-55% with one look-alike: the model copied whichever fact it met, without reading "
              "the key, so any distractor 'diluted' it trivially and the position curve was a first-fact bias. "
              "Verdicts of that run: 14 supported, 15 not supported, 16 inconclusive; under this regime all three read "
              "'inconclusive (regime not reached)' until the model reads the key.")},
+    needle.training_change(needle.TRAINING_AFTER, head=(
+        ("; the tracked head picked on the measured baseline probes"),
+        ("; the tracked head picked on baseline probes drawn for that alone"),
+        (" Picking the head on the very probes it is then measured on favoured a fall (the top of a noisy "
+         "ranking falls on any re-draw), so the pick has probes of its own."))),
 ]
 EST_S = {"quick": 50, "full": 1200}  # includes training the shared model (needle.py), paid by the first of 14-16 to run
 
@@ -59,7 +65,12 @@ def measure(scale: str, device: str) -> dict:
     for r in range(reps):
         probes = [needle.probe(t["model"], t["text"], s.probe_n, length, facts, 1400 + 100 * r + i, device,
                                weight_n=s.weight_n) for i, (length, facts) in enumerate(conditions(s))]
-        repeats.append({"probes": probes, "head": list(needle.tracked_head(probes[0]))})
+        # The head is picked on baseline probes of their own: picked on the measured baseline, its weight there would
+        # be the top of a noisy ranking and fall on any re-draw, a fall that favours the claim.
+        length, facts = conditions(s)[0]
+        pick = needle.probe(t["model"], t["text"], s.probe_n, length, facts, 1490 + 100 * r, device,
+                            weight_n=s.weight_n)
+        repeats.append({"probes": probes, "head": list(needle.tracked_head(pick))})
     return {"train_len": s.train_len, "max_facts": s.max_facts, "repeats": repeats, "model": needle.summary(scale, device)}
 
 

@@ -33,12 +33,14 @@ CHANGES = [
              "and the verdict stands only where the model learned the task.")},
     {"date": "2026-12-02", "what": "regime: the model must also tell the fact from one look-alike",
      "old": "Regime: first-digit accuracy >= 80% on the fact alone in a short context.",
-     "new": ("Also >= 80% at the trained length with the fact beside one same-form distractor (needle.learned_conditions)."),
+     "new": ("Also >= 80% at the trained length with the fact beside one same-form distractor "
+             "(needle.learned_conditions)."),
      "why": ("The first full run of the planted-fact design (before this entry) met the old regime (100% on the fact "
              "alone) but scored 50-55% with one look-alike: the model copied whichever fact it met, without reading "
              "the key, so any distractor 'diluted' it trivially and the position curve was a first-fact bias. "
              "Verdicts of that run: 14 supported, 15 not supported, 16 inconclusive; under this regime all three read "
              "'inconclusive (regime not reached)' until the model reads the key.")},
+    needle.training_change(needle.TRAINING_AFTER),
 ]
 EST_S = {"quick": 4, "full": 25}
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)

@@ -1,12 +1,15 @@
 """Facts planted in real text: the needle-in-a-haystack model and probes that claims 14, 15 and 16 measure.
 
-A byte-level language model is trained on the embedded corpus (Python's standard library) with, on every
-other step, retrieval sequences: ``k`` facts of one fixed form, ``code_qx = 4817``, planted at line starts of
-a window of training text, then the query ``code_qx = `` asking one of them again; the loss is on the answer
-digits only. The probes build the same sequences from the held-out split: the asked fact (the needle) at a
-chosen depth, ``n_facts - 1`` distractors of the same form drawn from the same key and value distribution (no
-vocabulary of their own: the model must read the key to tell them apart), and contexts from short to beyond
-the trained length. Accuracy is that of the first answer digit, the step that must find the fact by its key
+A byte-level language model is trained on the embedded corpus (Python's standard library) and on retrieval
+sequences: ``k`` facts of one fixed form, ``code_qx = 4817``, planted at line starts of a window of training
+text, then queries ``code_qx = `` asking some of them again; the loss is on the answer digits only. Training
+runs in two phases (``_batches``): first only dense sequences (four facts side by side, all four asked), then
+dense sequences, facts in corpus text at every length up to the trained one, and plain corpus text, mixed.
+
+The probes build the same sequences from the held-out split: the asked fact (the needle) at a chosen depth,
+``n_facts - 1`` distractors of the same form drawn from the same key and value distribution (no vocabulary of
+their own: the model must read the key to tell them apart), and contexts from short to beyond the trained length.
+Accuracy is that of the first answer digit, the step that must find the fact by its key
 (all four digits right, what greedy decoding would write, is recorded beside it); the attention weight is the
 one the position before the first digit puts on the needle's line, per layer and head.
 
@@ -17,7 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -40,22 +43,32 @@ class Setup:
     dim: int
     n_layers: int
     n_heads: int
-    steps: int  # half corpus batches, half retrieval batches
+    dense_steps: int  # phase 1, at most: dense sequences only (DENSE_FACTS facts, all asked) until the lookup is learned
+    steps: int  # phase 2: dense sequences, facts in text and corpus windows, mixed
     batch: int
     lr: float
-    max_facts: int  # facts per training sequence: 1..max_facts
-    max_asked: int  # questions per training sequence (probes ask one)
+    max_facts: int  # facts per haystack training sequence: 2..max_facts
+    max_asked: int  # questions per haystack training sequence (probes ask one)
     probe_n: int  # probes per condition and repetition
     weight_n: int  # of which this many also have their attention maps read
     repeats: int
 
 
+# The full setup learns to read the key (>= 80% beside look-alikes at the trained length); the quick one is too short
+# to (its verdicts read "regime not reached"). Two layers learned it where three, at the same steps, did not: the
+# lookup needs one layer to gather the key's letters and one to match them.
 SETUPS = {
-    "quick": Setup(train_len=128, dim=64, n_layers=2, n_heads=4, steps=150, batch=16, lr=3e-3, max_facts=5,
-                   max_asked=3, probe_n=48, weight_n=8, repeats=1),
-    "full": Setup(train_len=128, dim=96, n_layers=3, n_heads=4, steps=2500, batch=16, lr=2e-3, max_facts=5,
-                  max_asked=3, probe_n=160, weight_n=24, repeats=3),
+    "quick": Setup(train_len=128, dim=64, n_layers=2, n_heads=4, dense_steps=100, steps=50, batch=16, lr=3e-3,
+                   max_facts=5, max_asked=3, probe_n=48, weight_n=8, repeats=1),
+    "full": Setup(train_len=128, dim=128, n_layers=2, n_heads=8, dense_steps=6000, steps=1500, batch=32, lr=2e-3,
+                  max_facts=5, max_asked=3, probe_n=160, weight_n=24, repeats=3),
 }
+DENSE_FACTS = 4  # facts in a dense training sequence, every one asked
+DENSE_SLACK = 8  # haystack bytes a dense sequence may carry at most
+# Phase 1 ends when dense probes (training text, DENSE_FACTS facts, one asked) score DENSE_LEARNED, checked every
+# CHECK_EVERY steps: when the lookup forms varies with the initialisation, so a fixed length either wastes steps or
+# stops before it.
+DENSE_LEARNED, CHECK_EVERY, CHECK_N = 0.9, 250, 64
 
 
 def fact_line(key: str, value: str) -> bytes:
@@ -154,20 +167,67 @@ def needle_batch(text: bytes, n: int, length: int, n_facts: int, g: torch.Genera
 MODEL_RECIPE = dict(tie_embeddings=False, init_std=0.07)
 
 
+# The change of method that claims 14-16 share (their CHANGES take it with their own verdict after it).
+TRAINING_OLD = ("3 layers, width 96, 4 heads; 2,500 steps of batch 16 at learning rate 2e-3, half corpus windows"
+                " and half 1-5 facts planted in corpus text (up to 3 asked)")
+TRAINING_NEW = ("2 layers, width 128, 8 heads, batch 32, learning rate 2e-3, in two phases (needle._batches): "
+                "dense sequences only (4 facts side by side, all asked) until dense probes score >= 90% (checked"
+                " every 250 steps, at most 6,000), then 1,500 steps mixing dense sequences, 2-5 facts in corpus "
+                "text and corpus windows")
+TRAINING_WHY = ("The model never reached the regime: it copied whichever fact it met (50-55% beside one "
+                "look-alike). Variants of the old mix tried before this change (widths 96-128, 2-3 layers, 4-8 "
+                "heads, learning rates 1e-3-2e-3, 3,000 steps, with and without corpus windows) all stayed at "
+                "45-58% beside one look-alike; dense sequences, where copying any fact pays 1 in 4, formed the "
+                "lookup in 700-3,000 steps depending on the initialisation, and the mixed phase carried it into "
+                "corpus text (a trial: 99-100% beside one look-alike, 97-99% among four). A fixed-length first "
+                "phase (2,000 steps) missed it with the report's initialisation, so the phase now lasts until "
+                "the lookup is measured. The training is fixed, not the threshold: prediction, threshold and "
+                "regime are unchanged.")
+
+# Claims 14-16's verdict after the change: the fix is recorded, and so is that it did not yet hold in the report.
+TRAINING_AFTER = ("inconclusive (regime not reached) in the full run at 2 threads: its dense phase stayed at "
+                  "30-45% for all 6,000 steps (48% beside one look-alike after the mixed phase), where a trial of "
+                  "the same setup at 1 thread learned the lookup at 3,000 steps and reached 99% beside one "
+                  "look-alike and 98% among four; when the lookup forms is still at the mercy of the "
+                  "initialisation and of the thread count's rounding")
+
+
+def training_change(after: str, head: tuple[str, str, str] | None = None) -> dict:
+    """The CHANGES entry of the training fix, with the claim's verdict before and after; ``head``: (old, new, why)
+    that claim 14 adds about its tracked head."""
+    old, new, why = head or ("", "", "")
+    what = "method: the shared model's training" + (" and the tracked head" if head else "")
+    return {"date": "2026-12-02", "what": what,
+            "old": TRAINING_OLD + old, "new": TRAINING_NEW + new,
+            "why": TRAINING_WHY + why + f" Verdict before: inconclusive (regime not reached); after: {after}."}
+
+
 def _model_config(s: Setup) -> ModelConfig:
     return ModelConfig(vocab_size=256, dim=s.dim, n_layers=s.n_layers, n_heads=s.n_heads, max_seq_len=4 * s.train_len,
                        **MODEL_RECIPE)
 
 
 def _batches(task, text: bytes, s: Setup):
-    """Step s: even steps a window of corpus text (next-byte loss everywhere), odd steps retrieval sequences of a
-    random length up to the trained one with 1..max_facts facts, up to max_asked of them asked (loss on the answer
-    digits only)."""
-    def batch(step: int):
-        if step % 2 == 0:
+    """(step, phase) -> (x, y). Phase 1: dense sequences only, DENSE_FACTS facts side by side and every one asked, loss
+    on the answer digits. Phase 2: odd steps dense; of the even ones, half plain corpus windows (next-byte
+    loss everywhere) and half 2..max_facts facts planted in corpus text of any length up to the trained one, up to
+    max_asked of them asked.
+
+    Why the curriculum: trained from the start on facts in text (one to five, a few asked), the model learns to copy
+    whichever fact it meets and never to read the key (claim 14's CHANGES has the variants tried). Dense sequences make
+    that shortcut pay 1 in 4 and put many answers in each sequence, so the key-reading mechanism forms there; the mixed
+    phase then carries it across corpus text."""
+    dense_len = min_length(DENSE_FACTS, DENSE_FACTS)
+
+    def batch(step: int, phase: int = 2):
+        g = step_generator(task.cfg.seed + phase, step)
+        if phase == 1 or step % 2:
+            length = int(torch.randint(dense_len, dense_len + DENSE_SLACK + 1, (1,), generator=g))
+            x, y, _ = needle_batch(text, s.batch, length, DENSE_FACTS, g, asked=DENSE_FACTS)
+            return x, y
+        if step % 4 == 0:
             return task.batch(step)
-        g = step_generator(task.cfg.seed + 1, step)
-        k = int(torch.randint(1, s.max_facts + 1, (1,), generator=g))
+        k = int(torch.randint(2, s.max_facts + 1, (1,), generator=g))
         asked = min(k, s.max_asked)
         length = int(torch.randint(min_length(k, asked), s.train_len + 1, (1,), generator=g))
         x, y, _ = needle_batch(text, s.batch, length, k, g, asked=asked)
@@ -178,30 +238,47 @@ def _batches(task, text: bytes, s: Setup):
 @functools.lru_cache(maxsize=None)
 def trained(scale: str, device: str) -> dict:
     """The model, trained once per (scale, device) and shared by claims 14-16: {"model", "text" (held-out bytes the
-    probes draw from), "setup", "config", "train_s", "val_bits_per_byte", "corpus"}."""
+    probes draw from), "setup", "config", "train_s", "dense_phase" (when the first phase ended, its checks),
+    "val_bits_per_byte", "corpus"}."""
     s = SETUPS[scale]
-    if min_length(s.max_facts, s.max_asked) > s.train_len:
-        raise DataError(f"{s.max_facts} facts and {s.max_asked} questions need a trained length >= "
-                        f"{min_length(s.max_facts, s.max_asked)}, got {s.train_len}")
+    need = max(min_length(s.max_facts, s.max_asked), min_length(DENSE_FACTS, DENSE_FACTS) + DENSE_SLACK)
+    if need > s.train_len:
+        raise DataError(f"{s.max_facts} facts and {s.max_asked} questions (and the dense sequences) need a trained "
+                        f"length >= {need}, got {s.train_len}")
     tc = TrainConfig(seq_len=s.train_len, batch_size=s.batch, steps=s.steps, warmup_steps=max(1, s.steps // 10),
                      lr=s.lr, eval_batches=4, corpus_max_bytes=3_000_000)
     task = make_task(tc)
     train_text = bytes(task.train_ids.numpy())
     batch = _batches(task, train_text, s)
     torch.manual_seed(0)
+    model = build_model(_model_config(s), device)
+    checks = []  # (steps done, dense-probe accuracy)
+    check_len = min_length(DENSE_FACTS) + DENSE_SLACK
+
+    def learned(done: int) -> bool:
+        if done % CHECK_EVERY:
+            return False
+        model.eval()
+        checks.append((done, probe(model, train_text, CHECK_N, check_len, DENSE_FACTS, 7000 + done, device)["acc"]))
+        model.train()
+        return checks[-1][1] >= DENSE_LEARNED
+
     t0 = time.perf_counter()
-    model = train_in_memory(build_model(_model_config(s), device),
-                            lambda step: tuple(t.to(device) for t in batch(step)), tc)
+    dense = replace(tc, steps=s.dense_steps, warmup_steps=max(1, min(200, s.dense_steps // 10)))
+    train_in_memory(model, lambda step: tuple(t.to(device) for t in batch(step, 1)), dense, until=learned)
+    ok = bool(checks) and checks[-1][1] >= DENSE_LEARNED
+    phase1 = {"steps": checks[-1][0] if ok else s.dense_steps, "learned": ok, "checks": checks}
+    model = train_in_memory(model, lambda step: tuple(t.to(device) for t in batch(step)), tc)
     train_s = time.perf_counter() - t0
     loss = evaluate(model, task.eval_batches(), device)["val_loss"]
     return {"model": model, "text": bytes(task.val_ids.numpy()), "setup": s, "config": _model_config(s).to_dict(),
-            "train_s": train_s, "val_bits_per_byte": loss / math.log(2), "corpus": task.info}
+            "train_s": train_s, "dense_phase": phase1, "val_bits_per_byte": loss / math.log(2), "corpus": task.info}
 
 
 def summary(scale: str, device: str) -> dict:
     """What goes into results.json about the shared model: everything but the model and the text."""
     t = trained(scale, device)
-    return {"setup": asdict(t["setup"]), "config": t["config"], "train_s": t["train_s"],
+    return {"setup": asdict(t["setup"]), "config": t["config"], "train_s": t["train_s"], "dense_phase": t["dense_phase"],
             "val_bits_per_byte": t["val_bits_per_byte"], "corpus": t["corpus"], "fact_form": "code_qx = 4817"}
 
 
