@@ -205,3 +205,52 @@ def test_stream_runs_one_request_on_an_idle_engine():
     assert first.state == RUNNING and engine.stats()["running"] == 0
     assert [e.state for e in engine.step()] == [CANCELLED]
     assert engine.generate([3, 4], 3).tokens == generate(engine.model, [3, 4], 3).tokens
+
+
+def test_a_step_that_fails_outside_a_forward_still_ends_every_request(monkeypatch):
+    """A bug after the scheduler's step produced its events (a request finished in it) must not lose that request:
+    with raise_faults=False every live request gets a last event and nothing stays registered."""
+    engine = Engine(lively(), EngineConfig(max_batch=2, raise_faults=False))
+    short, long_ = engine.add(Request([1, 2, 3], 1)), engine.add(Request([4, 5, 6], 8))
+    real = engine.scheduler.step
+
+    def step_then_fail(*a, **kw):
+        real(*a, **kw)  # the short request finishes here; its event is lost with the exception
+        raise RuntimeError("a bug outside any forward")
+
+    monkeypatch.setattr(engine.scheduler, "step", step_then_fail)
+    events = engine.step()
+    assert {e.id for e in events if e.done} == {short, long_} and not engine._live
+    last = {e.id: e for e in events if e.done}
+    assert last[short].state == FINISHED and last[short].result.tokens  # it did finish: its own end, not an error
+    assert last[long_].state == FAILED and last[long_].error
+    monkeypatch.setattr(engine.scheduler, "step", real)
+    rid = engine.add(Request([1, 2, 3], 4))
+    assert [e.state for e in drain(engine) if e.id == rid][-1] == FINISHED  # the engine goes on
+
+
+def test_a_refused_seed_leaves_nothing_behind():
+    engine = Engine(lively(), EngineConfig(max_batch=1))
+    with pytest.raises(RequestError, match="seed"):
+        engine.add(Request([1, 2, 3], 4, SamplingParams(temperature=1.0, seed=2 ** 70)))
+    assert not engine._live and not engine.has_work
+    rid = engine.add(Request([1, 2, 3], 4))
+    assert of(drain(engine), rid)[-1].state == FINISHED
+
+
+def test_truncate_left_fits_the_engines_max_len():
+    engine = Engine(lively(), EngineConfig(max_len=32))
+    prompt = [i % 30 + 1 for i in range(40)]
+    assert engine.check(Request(prompt, 8, truncate="left")) == prompt[16:]  # 24 prompt tokens + 8 new = max_len 32
+    with pytest.raises(RequestError, match="the engine.s max_len of 32"):
+        engine.check(Request(prompt, 8))
+
+
+def test_a_stop_found_only_in_released_text_finishes_with_stop():
+    """The last token leaves an incomplete character held back; released at the end it completes a stop string, so
+    the request ends with "stop", not "length"."""
+    from attnlab.engine.detok import TextStream
+    from attnlab.engine.request import Sequence
+    seq = Sequence([65], 1, detok=TextStream(ByteTokenizer(), ["\ufffd"]))
+    event = seq.append(0xC3, -0.1, 0.0)  # the first byte of a two-byte character, and the last token allowed
+    assert event.done and event.finish_reason == "stop" and event.result.text == ""

@@ -110,10 +110,14 @@ class Engine:
     def check(self, request: Request) -> list[int]:
         """Validate a request without running it (a server calls this before queueing); returns its prompt ids
         (left-truncated if it asked). Raises ``RequestError`` naming the field and the fix."""
-        ids = check_prompt(self.model, self.encode(request.prompt), request.max_new_tokens, request.truncate)
+        ids = check_prompt(self.model, self.encode(request.prompt), request.max_new_tokens, request.truncate,
+                           self.max_len)
         n = request.max_new_tokens
         if any(request.stop_strings) and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer to decode the generated text", "stop_strings")
+        if not -2 ** 63 <= request.params.seed < 2 ** 64:
+            raise RequestError(f"seed={request.params.seed} is outside what a generator takes (-2**63 .. 2**64 - 1)",
+                               "seed")
         if request.top_logprobs < 0:
             raise RequestError(f"top_logprobs={request.top_logprobs} must be >= 0", "top_logprobs")
         if self.proposer is not None and request.params.repetition_penalty != 1.0:
@@ -142,8 +146,8 @@ class Engine:
             seq.state = self._reusable_state(ids, request.cache_salt)
         elif self.paged:
             seq.state = self.model.new_state(1, pool=self.scheduler.pool)  # an empty row: no cached prefix
-        self._live[seq.id] = seq
         self.scheduler.submit(seq)
+        self._live[seq.id] = seq
         return seq.id
 
     def abort(self, rid: int) -> None:
@@ -188,6 +192,12 @@ class Engine:
                 sched.last_error = "engine step failed outside a forward (see the log)"
                 events += sched.fail([*sched.waiting, *sched.prefilling, *sched.running],
                                      "the engine failed while running this request; see the server log")
+                # requests that ended in this step left the queues and their events went with the exception
+                told = {e.id for e in events if e.done}
+                for rid, seq in self._live.items():
+                    if rid not in told:
+                        seq.end("error", "the engine failed while running this request; see the server log")
+                        events.append(seq.event())
         for event in events:
             if event.done:
                 self._retire(event)

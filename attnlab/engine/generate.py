@@ -49,8 +49,8 @@ def generate(model, prompts: Sequence[Sequence[int]] | Sequence[int], max_new_to
     if not prompts or isinstance(prompts[0], int):  # one prompt given as a flat list of ids
         prompts = [list(prompts)]
     t0 = time.perf_counter()
+    prompts = [check_prompt(model, list(p), max_new_tokens, truncate) for p in prompts]  # before sizing the engine
     if not use_cache:
-        prompts = [check_prompt(model, list(p), max_new_tokens, truncate) for p in prompts]
         return _generate_recomputing(model, prompts, max_new_tokens, params, stop_tokens, stop_strings, tokenizer)
     extra = proposer.k + 1 if proposer is not None else 0  # room for a verify pass's drafts
     # A one-shot batch has no later request to keep a state for; a paged pool still shares prefixes within it.

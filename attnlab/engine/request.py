@@ -154,6 +154,8 @@ class Sequence:
             except Exception:  # noqa: BLE001 - a failed sequence's held text is best effort (decoding may be its fault)
                 if state != FAILED:
                     raise
+            if self.finish_reason == "length" and self.detok.cut:  # the stop lay in text held back until now
+                self.finish_reason = "stop"
             result = Result(len(self.prompt), list(self.tokens), list(self.logprobs), self.detok.text,
                             self.finish_reason, self.error, self.cached_tokens, list(self.stamps_s), self.submitted,
                             proposed=self.proposed, accepted=self.accepted, rounds=self.rounds,
@@ -162,8 +164,10 @@ class Sequence:
                      self.error, self.cached_tokens, result)
 
 
-def check_prompt(model, prompt: list[int], max_new_tokens: int, truncate: str | None = None) -> list[int]:
-    """Validate a prompt against the model; returns it, left-truncated if asked and needed."""
+def check_prompt(model, prompt: list[int], max_new_tokens: int, truncate: str | None = None,
+                 max_len: int | None = None) -> list[int]:
+    """Validate a prompt against the model (and an engine's ``max_len``, when smaller than the model's context);
+    returns it, left-truncated if asked and needed."""
     if truncate not in (None, "left"):
         raise RequestError(f"truncate={truncate!r}: use None (refuse what does not fit) or 'left'", "truncate")
     if len(prompt) == 0:
@@ -177,14 +181,15 @@ def check_prompt(model, prompt: list[int], max_new_tokens: int, truncate: str | 
         raise RequestError(f"prompt token ids {bad[:3]} are outside the model's vocabulary 0..{vocab - 1}", "prompt")
     if cfg.is_recurrent:
         return list(prompt)
-    limit = cfg.max_seq_len
+    limit = min(cfg.max_seq_len, max_len or cfg.max_seq_len)
+    where = "the model's context" if limit == cfg.max_seq_len else "the engine's max_len"
     if max_new_tokens >= limit:
-        raise RequestError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's context of "
+        raise RequestError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in {where} of "
                            f"{limit} tokens; ask for at most {limit - 1}", "max_new_tokens", "context_length")
     if len(prompt) + max_new_tokens > limit:
         if truncate != "left":
-            raise RequestError(f"prompt of {len(prompt)} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
-                               f"context of {limit} tokens; shorten the prompt, lower max_new_tokens, or pass "
+            raise RequestError(f"prompt of {len(prompt)} tokens + max_new_tokens {max_new_tokens} exceeds {where} "
+                               f"of {limit} tokens; shorten the prompt, lower max_new_tokens, or pass "
                                "--truncate left to keep the prompt's last tokens", "prompt", "context_length")
         prompt = prompt[len(prompt) - (limit - max_new_tokens):]
     return list(prompt)
