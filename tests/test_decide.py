@@ -295,13 +295,15 @@ def test_e08():
 
 
 # --- claim 9: prefill vs decode and a flat TPOT, per round, in the memory/overhead-bound regime ------------------
-def _e09_round(ratio=20.0, tpot_growth=1.2, batch_cost=1.3, lens=(64, 512)):
+def _e09_round(ratio=20.0, tpot_growth=1.2, batch_cost=1.3, lens=(64, 512), shares=(0.03, 0.22), beyond=None):
+    """Rows at lens (cache share of the weights: shares); ``beyond``: (tokens, share, TPOT growth) of a last row."""
     first = {"prompt_tokens": lens[0], "ttft_s": 0.01, "tpot_s": 0.0014, "prefill_tok_per_s": 6000.0,
-             "decode_tok_per_s": 700.0}
-    tpot = 0.0014 * tpot_growth
-    last = {"prompt_tokens": lens[1], "ttft_s": 0.08, "tpot_s": tpot, "prefill_tok_per_s": ratio / tpot,
-            "decode_tok_per_s": 1 / tpot}
-    return {"rows": [first, last], "batch_step_cost": batch_cost}
+             "decode_tok_per_s": 700.0, "kv_share": shares[0]}
+    row = lambda T, share, growth: {"prompt_tokens": T, "ttft_s": 0.08, "tpot_s": 0.0014 * growth,
+                                    "prefill_tok_per_s": ratio / (0.0014 * growth), "decode_tok_per_s": 1 / (0.0014 * growth),
+                                    "kv_share": share}
+    return {"rows": [first, row(lens[1], shares[1], tpot_growth)] + ([row(*beyond)] if beyond else []),
+            "batch_step_cost": batch_cost}
 
 
 def _e09(*rounds):
@@ -318,6 +320,12 @@ def test_e09():
     d = _check("e09_prefill_decode", _e09(*[_e09_round(batch_cost=5.0)] * 3), INCONCLUSIVE)  # compute-bound decode
     assert d.qualifier == REGIME_NOT_REACHED
     d = _check("e09_prefill_decode", _e09(*[_e09_round(lens=(64, 256))] * 3), INCONCLUSIVE)  # prompt too short
+    assert d.qualifier == REGIME_NOT_REACHED
+    # past the weights-bound range TPOT may grow (the cache's reads): flatness is decided up to 512 here
+    _check("e09_prefill_decode", _e09(*[_e09_round(beyond=(1536, 0.66, 1.6))] * 3), SUPPORTED)
+    _check("e09_prefill_decode", _e09(*[_e09_round(tpot_growth=1.7, beyond=(1536, 0.66, 1.6))] * 3), NOT_SUPPORTED)
+    # the cache rivals the weights already at 512 tokens: the flat range spans 1x, so no verdict on flatness
+    d = _check("e09_prefill_decode", _e09(*[_e09_round(shares=(0.03, 0.5))] * 3), INCONCLUSIVE)
     assert d.qualifier == REGIME_NOT_REACHED
 
 
