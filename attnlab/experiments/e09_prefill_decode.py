@@ -20,9 +20,8 @@ PREDICTION = ("Prefill throughput (tokens/s) is many times decode throughput; ti
               "with prompt length while time per output token stays flat; generating m tokens takes m sequential passes.")
 THRESHOLD = ("Each of >= 3 rounds (every prompt length generated once) is decided alone: supported if prefill tokens/s "
              ">= 5x decode tokens/s at the longest prompt and time per output token stays flat, TPOT at the longest "
-             "prompt within the flat regime (bytes read per step <= 1.25x the shortest's) <= 1.5x TPOT at the shortest; not "
-             "supported if "
-             "either fails. Rounds that disagree make the verdict inconclusive (unstable).")
+             "prompt within the flat regime (bytes read per step <= 1.25x the shortest's) <= 1.5x TPOT at the shortest; "
+             "not supported if either fails. Rounds that disagree make the verdict inconclusive (unstable).")
 REGIME = ("Decode in the memory/overhead-bound regime: a decode step for 8 sequences takes <= 2x the step for one (the "
           "step is bound by reading weights and per-call overhead, not arithmetic), measured in the same round; "
           "prefill long enough to be parallel work: the longest prompt >= 512 tokens; a context range wide enough to "
@@ -73,9 +72,10 @@ EST_S = {"quick": 28, "full": 100}  # seconds on a 2-core CPU: the report's prog
 MIN_RATIO, FLAT_TPOT, REPEATS, BATCH = 5, 1.5, FULL_REPEATS, 8
 MIN_PROMPT, MIN_RANGE, MAX_BATCH_COST = 512, 8, 2.0
 FLAT_BYTES = 1.25  # the flat-TPOT half's regime: a step's bytes (weights + cache) at most this many times the shortest's
-# Full scale: larger than a server CPU's last-level cache (260-300 MB on the reference hosts), so that decode streams the
-# weights from memory; the small model fits in one and decodes 8 sequences in 2.3-2.85x one's time there.
-MODEL = dict(dim=1024, n_layers=8, n_heads=16)  # over small-10m's other settings; at both scales
+# ~100M parameters (403 MB fp32), over small-10m's other settings, at both scales: larger than a server CPU's last-level
+# cache, so that decode streams the weights from memory (a model that fits in the cache decodes from it, and a batch of 8
+# then costs arithmetic, outside the regime; CHANGES has the figures).
+MODEL = dict(dim=1024, n_layers=8, n_heads=16)
 
 
 def _batch_cost(model, vocab) -> float:
@@ -98,7 +98,7 @@ def measure(scale: str, device: str) -> dict:
     for T in lens:
         generate(model, prompts[T], 2)  # warm-up at this length
     _batch_cost(model, cfg.vocab_size)  # warm-up of the batched path
-    # keys and values of every layer, fp32 as set_precision keeps them here, over the mid-generation context
+    # keys and values of every layer, fp32 as set_precision keeps them for this model, over the mid-generation context
     kv_bytes = lambda T: 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * (T + new // 2) * 4
     rounds, last = [], None
     for _ in range(REPEATS):
