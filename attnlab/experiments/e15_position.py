@@ -41,6 +41,9 @@ CHANGES = [
              "Verdicts of that run: 14 supported, 15 not supported, 16 inconclusive; under this regime all three read "
              "'inconclusive (regime not reached)' until the model reads the key.")},
     needle.training_change(needle.TRAINING_AFTER),
+    needle.lr_change(
+        "not supported in 3 of 3 repetitions (no U: the middle 0-6 points above the worse edge; the fact "
+        "next to the question 5-8 points below the fact far from it)"),
 ]
 EST_S = {"quick": 4, "full": 25}
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)

@@ -40,6 +40,9 @@ CHANGES = [
              "Verdicts of that run: 14 supported, 15 not supported, 16 inconclusive; under this regime all three read "
              "'inconclusive (regime not reached)' until the model reads the key.")},
     needle.training_change(needle.TRAINING_AFTER),
+    needle.lr_change(
+        "supported in 3 of 3 repetitions (relevant only 100% vs everything 96-98%; prefill 5.3-5.8x "
+        "slower for 5x the bytes)"),
 ]
 EST_S = {"quick": 8, "full": 25}
 BATCH, ROUNDS = 32, 5
