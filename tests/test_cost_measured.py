@@ -16,7 +16,7 @@ TINY_CALIBRATION = {"widths": (40, 72), "prefill_rows": (12, 36), "decode_rows":
                     "attention_heads": 2, "attention_tokens": (20, 44), "attention_head_dims": (8, 24),
                     "attention_keys": (12, 52), "elementwise_rows": (1, 12), "floor_width": 16, "cold_mib": (0, 1),
                     "probe": {"dim": 16, "n_heads": 2, "vocab_size": 32, "layers": (1, 3), "batch": (1, 2),
-                              "prompt": 6, "new_tokens": 4}}
+                              "prompt": 6, "new_tokens": 4}, "head_vocab": 500}
 
 
 @pytest.fixture
@@ -132,7 +132,10 @@ def _synthetic_micro(flops=1e11, stream=1e10, overhead=1e-5):
         t = {"ttft": 1e-3 + ops * overhead, "decode": ops * overhead}
         return [layers, 1, {"wall": t, "cpu": t}, {"prefill": ops, "decode": ops}]
     probe = {"rows": [probe_row(1, 40), probe_row(16, 520)]}
-    return {"linear": {"fp32": lin}, "attention": att, "elementwise": {"fp32": ew}, "probe": probe,
+    V = CALIBRATION["head_vocab"]  # the head read hot at twice the streaming rate; 1 ns per logit sampled
+    head = {"head": [[w, r, t(w * V * 4 / stream / 2)] for w in (96, 1280) for r in (1, 8)],
+            "sample": [[r, t(r * (V - 32) * 1e-9)] for r in (1, 8)], "sample_floor": [[r, zero] for r in (1, 8)]}
+    return {"linear": {"fp32": lin}, "attention": att, "elementwise": {"fp32": ew}, "probe": probe, "head": {"fp32": head},
             "memory": {"touch_bytes": 1e9, "touch": t(0.1), "read_bytes": 1e9, "read": t(0.1)}, "shapes": CALIBRATION}
 
 
@@ -152,13 +155,21 @@ def test_cpu_prediction_is_the_sum_of_its_parts(monkeypatch):
     assert pre["attention"] == pytest.approx(4 * 2 * 4 * 4 * 64 * 100 * 101 / 2 / 1e11)
     assert pre["kv_cache"] == pytest.approx(2 * 4 * 2 * 4 * 101 * 64 * 4 / 1e10)
     dec = cpu.decode_s(a, 2, 300, micro, "fp32", ops)
-    assert dec["linear"] == pytest.approx((4 * P + a.vocab_size * a.dim) * 4 / 1e10)
+    assert dec["linear"] == pytest.approx(4 * P * 4 / 1e10)
+    assert dec["head"] == pytest.approx(a.vocab_size * a.dim * 4 / 1e10)  # streaming is the slower
+    assert dec["sampling"] == pytest.approx(2 * a.vocab_size * 1e-9)
+    assert pre["head"] == dec["head"] and pre["sampling"] == dec["sampling"]
     assert dec["attention"] == pytest.approx(4 * 2 * 4 * 301 * 64 * 8 / 1e10)
     assert dec["overhead"] == pytest.approx(140 * 1e-5, abs=1e-9)
     assert dec["total"] == pytest.approx(sum(v for k, v in dec.items() if k != "total"))
+    # a head bound by arithmetic (hot at a quarter of the streaming rate): the hot time wins
+    slow = {**micro, "head": {"fp32": {**micro["head"]["fp32"], "head": [[w, r, {k: 8 * v for k, v in s.items()}]
+                                                                        for w, r, s in micro["head"]["fp32"]["head"]]}}}
+    assert cpu.decode_s(a, 2, 300, slow, "fp32", ops)["head"] == pytest.approx(4 * dec["head"])
     # bf16 weights: the cache is read at the width set_precision keeps it (bf16 where the decode kernel reads it)
     from attnlab import kernels
-    micro["linear"]["bf16"], micro["elementwise"]["bf16"] = micro["linear"]["fp32"], micro["elementwise"]["fp32"]
+    for table in ("linear", "elementwise", "head"):
+        micro[table]["bf16"] = micro[table]["fp32"]
     monkeypatch.setattr(kernels, "_state", {"native": None})
     assert cpu.decode_s(a, 2, 300, micro, "bf16", ops)["attention"] == pytest.approx(dec["attention"])
     monkeypatch.setattr(kernels, "_state", {"native": object()})
@@ -202,10 +213,10 @@ def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, caps
         assert r["measured_s"] == measured["cpu"]["ttft" if r["phase"] == "prefill" else "decode"]
         assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
         assert r["pace"][0] == {"fp32": 2.0, "memory": 1.0, "dispatch": 1.0}
-        if r["phase"] == "prefill":  # linear, attention and elementwise doubled; overhead and memory parts not
+        if r["phase"] == "prefill":  # the fp32 parts doubled; overhead and memory parts not
             p = r["parts"]
             assert r["predicted_s"] == pytest.approx(r["predicted_unpaced_s"] + (p["linear"] + p["attention"]
-                                                                                 + p["elementwise"]) / 2)
+                                                                                 + p["elementwise"] + p["sampling"]) / 2)
     assert res["summary"]["all"]["n"] == 4
     assert "predicted" in text and "d256-H4-L3-T100-B2-fp32" in text and "goal median <= 15%" in text
     assert "skipped d128-H4-L2-T64-B1-bf16" in text and "W x 3W" in text and f"seed {drawn[0][0]}" in text

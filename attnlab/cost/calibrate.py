@@ -12,6 +12,10 @@ whole model, but one 16 wide, which ``attnlab cost --validate`` never validates.
   (decode) through the engine's decode kernel;
 - ``elementwise``: seconds for one layer's non-matmul kernels (two layer norms, two adds, rotary on q and k,
   GELU) on M rows of width W;
+- ``head``: seconds of the LM head (W x HEAD_VOCAB through DenseLinear, read hot) on a row or a few, and of the
+  engine's greedy sampler over those rows' logits (sampling.greedy_rows: fp32 copy, finiteness, argmax, log-probability),
+  by dtype: a head of a large vocabulary is a wide, skinny product whose few rows can be bound by arithmetic
+  rather than by its bytes, and the sampler passes over every logit several times;
 - ``floors``: each of the above at a tiny shape, where only the cost of calling it is left;
 - ``cold_dispatch``: the floor's tiny kernels just after 0 to 32 MiB were streamed through the caches: how
   much dearer dispatching gets when a big matmul has just evicted what it needs;
@@ -55,6 +59,9 @@ CALIBRATION = {
               "new_tokens": 17},
     "floor_width": 16,  # the tiny shape of each floor
     "cold_mib": (0, 0.5, 2, 8, 32),  # bytes streamed just before the floor's mix, for the cold-dispatch table
+    # The head and sampler table's vocabulary: not one a validation draws (256 or GPT-2's 50,257), as large as
+    # Llama's, so that per-logit and per-weight figures carry to both.
+    "head_vocab": 32000,
 }
 PREFILL_FLOP_CAP = 1.3e10  # FLOPs of one timed set: keeps the table to seconds on a 2-core machine
 PREFILL_SETS = 2  # distinct layer sets the prefill table cycles through
@@ -158,6 +165,36 @@ def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None, between=
         out[dtype] = {"prefill": prefill, "decode": decode, "floor": floor}
         if between is not None:
             between()
+    return out
+
+
+def head_table(dtypes: tuple[str, ...], modules: dict | None = None) -> dict:
+    """{dtype: {"head": [[W, rows, s]], "sample": [[rows, s]], "sample_floor": [[rows, s]]}}: the LM head of
+    CALIBRATION["head_vocab"] outputs at each width, laid out for ``rows`` (hot: the cost model takes the larger of
+    this and the weights' streaming time, cost.cpu._head_s), and the greedy sampler over its logits, and over 32
+    logits (the sampler's dispatch, which the probe's per-op cost already carries). ``modules``: as in
+    linear_tables (laying a head out is most of this table's time: DenseLinear times its candidate layouts)."""
+    from attnlab.engine.quantize import DTYPES, DenseLinear
+    from attnlab.engine.sampling import greedy_rows
+
+    V, out, modules = CALIBRATION["head_vocab"], {}, {} if modules is None else modules
+    for dtype in dtypes:
+        act, head, sample, floor = DTYPES[dtype], [], [], []
+        for rows in CALIBRATION["decode_rows"]:
+            for W in CALIBRATION["widths"]:
+                m = modules.get(("head", W, dtype, rows))
+                if m is None:
+                    lin = torch.nn.utils.skip_init(nn.Linear, W, V, bias=False)
+                    with torch.no_grad():
+                        lin.weight.fill_(0.01)
+                    m = modules[("head", W, dtype, rows)] = DenseLinear(lin, act, rows)
+                x = torch.randn(rows, W).to(act)
+                head.append([W, rows, _time(lambda: m(x), repeats=5, inner=3)])
+            logits = torch.randn(rows, V).to(act)
+            sample.append([rows, _time(lambda: greedy_rows(logits), repeats=5, inner=5)])
+            tiny = torch.randn(rows, 32).to(act)
+            floor.append([rows, _time(lambda: greedy_rows(tiny), repeats=5, inner=20)])
+        out[dtype] = {"head": head, "sample": sample, "sample_floor": floor}
     return out
 
 
@@ -337,6 +374,7 @@ def shapes() -> set[tuple]:
                 layer(M, W)
         for rows in c["decode_rows"]:
             layer(rows, W)
+            out.add(("linear", rows, W, c["head_vocab"]))
         out.update(("elementwise", M, W) for M in c["elementwise_rows"] if M * 4 * W <= ELEMENT_CAP)
     out.add(("elementwise", 1, c["floor_width"]))
     out.update({("attention", 8, 8, 8), ("attention", 1, 8, 8)})
@@ -367,7 +405,7 @@ def _run(dtypes: tuple[str, ...], modules: dict | None) -> dict:
         pulse = Pulse(dtypes)
         pulse()
         for name, bench in (("probe", probe), ("linear", lambda: linear_tables(dtypes, modules, pulse)),
-                            ("attention", attention_tables),
+                            ("attention", attention_tables), ("head", lambda: head_table(dtypes, modules)),
                             ("elementwise", lambda: elementwise_table(dtypes)), ("cold_dispatch", cold_dispatch),
                             ("memory", memory)):
             t = time.perf_counter()

@@ -7,13 +7,17 @@ limited by its own bottleneck):
               + L * 2 * M * P_layer / FLOP/s(M, d)                         (linear_prefill, M = B * T rows)
               + L * B * H * 4 * D * T(T+1)/2 / FLOP/s(T, D)                (attention: causal)
               + L * elements(M, d) * s/element(M, d)                       (elementwise)
-              + head bytes / bytes/s + KV-cache bytes / first-touch bytes/s (memory)
+              + head(B rows) + sampler(B x V logits)                              (head, sampling)
+              + KV-cache bytes / first-touch bytes/s                             (memory)
     decode  = engine step + rows * per-row + (small ops * cold(bytes one layer reads) + matmuls) * per-op
               + dtype's extra                                               (cold_dispatch)
-              + weight bytes / bytes/s(d, working set, B)                   (linear_decode: every weight, once)
+              + layers' weight bytes / bytes/s(d, working set, B)           (linear_decode: every weight, once)
+              + head(B rows) + sampler(B x V logits)                        (head, sampling)
               + L * B * Hkv * S * D * 2 * cache bytes / bytes/s(S, D)       (attention: one query)
               + L * elements(B, d) * s/element(B, d)
 
+head = the larger of its bytes / bytes/s(d, working set, B) and its weights * s/weight(d, B) read hot (a large
+vocabulary's head on a few rows can be bound by arithmetic, as bf16 without AMX is); sampler = B * V * s/logit(B).
 Each rate is interpolated (log-log, clamped at the ends) in the table measured at other shapes; each table's
 figure is taken above the cost of calling the same kernel at a tiny shape (its floor), which the per-op term
 carries (the probe runs fp32: "dtype's extra" is what another dtype's floors cost beyond fp32's). ``clock`` picks
@@ -107,13 +111,45 @@ def _linear_decode_bw(micro: dict, dtype: str, clock: str, W: int, working_set: 
     by_rows: dict = {}
     for w, r, ws, s in t["decode"]:
         by_rows.setdefault(r, []).append((w, ws, 12 * w * w * nbytes / max(s[clock] - floor, 1e-9)))
-    pts = sorted((r, _interp2(tab, W, working_set)) for r, tab in by_rows.items())
-    if len(pts) == 1 or rows <= pts[0][0]:
+    return _by_rows([(r, _interp2(tab, W, working_set)) for r, tab in by_rows.items()], rows)
+
+
+def _by_rows(pts: list[tuple[float, float]], rows: int) -> float:
+    """Linear in rows between the measured row counts, clamped at the ends."""
+    pts = sorted(pts)
+    if rows <= pts[0][0]:
         return pts[0][1]
-    for (r0, b0), (r1, b1) in zip(pts, pts[1:]):
+    for (r0, v0), (r1, v1) in zip(pts, pts[1:]):
         if rows <= r1:
-            return b0 + (rows - r0) / (r1 - r0) * (b1 - b0)  # linear in rows between measured counts
+            return v0 + (rows - r0) / (r1 - r0) * (v1 - v0)
     return pts[-1][1]
+
+
+def _head_s(micro: dict, dtype: str, clock: str, a: Arch, rows: int, working_set: float) -> float:
+    """The LM head on ``rows`` rows: the larger of streaming its weights and its hot time, per weight, at the
+    calibration's vocabulary (calibrate.head_table). Its streaming rate is the layer table's at the width whose
+    largest matrix (4W x W) holds as many weights as the head: a call's rate depends on its matrix's size (one
+    large head streamed at twice the rate of a 384-wide layer's matrices, fp32 on one thread)."""
+    weights = a.vocab_size * a.dim
+    like = math.sqrt(weights / 4)
+    stream = weights * dtype_bytes(dtype) / _linear_decode_bw(micro, dtype, clock, like, working_set, rows)
+    t = micro["head"][dtype]
+    floor = _floor(micro["linear"][dtype]["floor"], clock) / 4  # one matrix's call of the layer set's four
+    V = micro["shapes"]["head_vocab"]
+    by_rows: dict = {}
+    for w, r, s in t["head"]:
+        by_rows.setdefault(r, []).append((w, max(s[clock] - floor, 1e-12) / (w * V)))
+    hot = _by_rows([(r, _interp(pts, a.dim)) for r, pts in by_rows.items()], rows)
+    return max(stream, weights * hot)
+
+
+def _sampling_s(micro: dict, dtype: str, clock: str, a: Arch, rows: int) -> float:
+    """The greedy sampler over ``rows`` x V logits, beyond its dispatch (which the probe's per-op cost carries)."""
+    t = micro["head"][dtype]
+    V = micro["shapes"]["head_vocab"]
+    floors = dict((r, s[clock]) for r, s in t["sample_floor"])
+    per_logit = [(r, max(s[clock] - floors[r], 0.0) / (r * (V - 32))) for r, s in t["sample"]]
+    return rows * a.vocab_size * _by_rows(per_logit, rows)
 
 
 def _attention_prefill_flops(micro: dict, clock: str, T: int, D: int) -> float:
@@ -173,8 +209,9 @@ def part_kinds(phase: str, dtype: str) -> dict:
     the fp32 cache's dtype, elementwise kernels on fp32 vector units), streaming from memory, or dispatch."""
     if phase == "prefill":
         return {"overhead": "dispatch", "linear": dtype if dtype in ("fp32", "bf16") else "fp32",
-                "attention": "fp32", "elementwise": "fp32", "head": "memory", "kv_cache": "memory"}
-    return {"overhead": "dispatch", "linear": "memory", "attention": "memory", "elementwise": "fp32"}
+                "attention": "fp32", "elementwise": "fp32", "head": "memory", "sampling": "fp32", "kv_cache": "memory"}
+    return {"overhead": "dispatch", "linear": "memory", "attention": "memory", "elementwise": "fp32",
+            "head": "memory", "sampling": "fp32"}
 
 
 def pace(calibration_pulse: dict, now_pulse: dict, clock: str) -> dict:
@@ -211,7 +248,8 @@ def prefill_s(a: Arch, batch: int, T: int, micro: dict, dtype: str, ops: dict, c
         / _attention_prefill_flops(micro, clock, T, D),
         "elementwise": L * _layer_elements(a, T, 0, batch, dtype)
         * _elementwise_s_per_element(micro, dtype, clock, M, a.dim),
-        "head": head_w * nbytes / _linear_decode_bw(micro, dtype, clock, a.dim, weights, batch),
+        "head": _head_s(micro, dtype, clock, a, batch, weights),
+        "sampling": _sampling_s(micro, dtype, clock, a, batch),
         "kv_cache": kv_touch / touch_bw,
     }
     parts["total"] = sum(parts.values())
@@ -244,7 +282,9 @@ def decode_s(a: Arch, batch: int, S: int, micro: dict, dtype: str, ops: dict, cl
         "overhead": o["fixed_s"] + o["per_row_s"] * (batch - 1)
         + o["per_op_s"] * (small_ops * cold + ops["decode_matmuls"])
         + _dtype_extra_s(micro, dtype, clock, ops["decode_matmuls"], L),
-        "linear": weights / _linear_decode_bw(micro, dtype, clock, a.dim, step_bytes, batch),
+        "linear": L * layer_w * dtype_bytes(dtype) / _linear_decode_bw(micro, dtype, clock, a.dim, step_bytes, batch),
+        "head": _head_s(micro, dtype, clock, a, batch, step_bytes),
+        "sampling": _sampling_s(micro, dtype, clock, a, batch),
         "attention": kv / _attention_decode_bw(micro, clock, S + 1, D, step_bytes),
         "elementwise": L * _layer_elements(a, 1, S, batch, dtype)
         * _elementwise_s_per_element(micro, dtype, clock, batch, a.dim),

@@ -62,6 +62,16 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return probs
 
 
+def greedy_rows(logits: torch.Tensor) -> tuple[list[bool], list[int], list[float]]:
+    """Greedy picks for (b, V) logits in one pass each: (whether each row is finite, its argmax, that token's
+    log-probability). One fp32 copy serves all three (reductions over a bf16 vocabulary run slower)."""
+    rows = logits.float()
+    finite = torch.isfinite(rows).all(-1).tolist()
+    ids = rows.argmax(-1)
+    lps = (rows.gather(1, ids[:, None])[:, 0] - torch.logsumexp(rows, -1)).tolist()
+    return finite, ids.tolist(), lps
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
            seen: torch.Tensor | None = None):
     """logits (B, V) -> (ids (B,), logprobs (B,)) of the chosen tokens under the raw model."""

@@ -32,7 +32,7 @@ from collections import deque
 import torch
 
 from attnlab.engine.request import Event, Sequence
-from attnlab.engine.sampling import sample
+from attnlab.engine.sampling import greedy_rows, sample
 from attnlab.models.paged import OutOfBlocks
 
 
@@ -268,11 +268,8 @@ class Scheduler:
                  and seq.params.repetition_penalty == 1.0 and not seq.top_logprobs}
         if plain:  # greedy rows with nothing to verify: one argmax and one log-softmax for all of them
             order = sorted(plain)
-            rows = logits[order, 0].float()  # (b, V)
-            finite = torch.isfinite(rows).all(-1).tolist()
-            ids = rows.argmax(-1)
-            lps = (rows.gather(1, ids[:, None])[:, 0] - torch.logsumexp(rows, -1)).tolist()
-            for r, tok, lp, ok in zip(order, ids.tolist(), lps, finite):
+            finite, ids, lps = greedy_rows(logits[order, 0])  # logits (b, V)
+            for r, tok, lp, ok in zip(order, ids, lps, finite):
                 events += self._own(seqs[r], (lambda r=r, tok=tok, lp=lp: self._append(seqs[r], [(tok, lp)]))
                                     if ok else _non_finite)
         for r, seq in enumerate(seqs):
