@@ -519,7 +519,8 @@ def test_e16():
 def _e17_side(P, ssm, lstm, attn=None, mem=None, comm=0.0):
     """One launch: three calls per part at the given ratio to 1.0, with a little spread (x 0.98, 1.0, 1.02)."""
     calls = lambda r: [r * f for f in (0.98, 1.0, 1.02)]  # noqa: E731
-    side = {"processes": P, "ssm_s": calls(ssm), "lstm_s": calls(lstm)}
+    side = {"processes": P, "ssm_s": calls(ssm), "lstm_s": calls(lstm),
+            "lstm_whole_s": [1.0] * 3 if P > 1 else []}  # the whole sequence on rank 0, in the same launch
     if attn is not None:  # attention runs at 1 and 2 processes only
         side.update(attn_s=calls(attn), attn_peak_bytes=[mem * 100e6] * 3, comm_s=comm)
     return side
@@ -551,6 +552,12 @@ def test_e17():
     assert d.qualifier == REGIME_NOT_REACHED
     d = _check("e17_split_devices", _e17(ok, _e17_round(lstm=0.55), ok), INCONCLUSIVE)  # the rounds disagree
     assert d.qualifier == UNSTABLE
+    # the LSTM is judged against the whole sequence in its own launch, not the 1-process launch's pace: a slow
+    # 1-process launch (1.2x) does not make the relay look split, and a chain that ran 0.8x its pair is not >= 0.9
+    slow_one = _e17_round()
+    slow_one["one"]["lstm_s"] = [1.2 * x for x in slow_one["one"]["lstm_s"]]
+    _check("e17_split_devices", _e17(slow_one, slow_one, slow_one), SUPPORTED)
+    _check("e17_split_devices", _e17(*[_e17_round(lstm=0.82)] * 3), INCONCLUSIVE)
 
 
 # --- claim 18: self-attention for sequential recommendation ---------------------------------------------------------

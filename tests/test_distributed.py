@@ -124,7 +124,7 @@ def test_claim_17_runs_on_the_device_it_is_given(monkeypatch):
         n = setup["calls"] if "attn" in parts else 0
         r = {k: [0.1] * setup["calls"] for k in ("ssm_scan_s", "ssm_fix_s", "ssm_wall_s", "lstm_s", "lstm_wall_s")}
         return [{**r, **{k: [0.1] * n for k in ("attn_s", "attn_wall_s")}, "attn_peak_bytes": [1e6] * n,
-                 "comm_s": 0.0}] * world
+                 "lstm_whole_s": [0.1] * setup["calls"] if world > 1 else [], "comm_s": 0.0}] * world
 
     monkeypatch.setattr(group, "run_local", fake_run_local)
     monkeypatch.setattr(e17, "_devices", lambda device: 2)

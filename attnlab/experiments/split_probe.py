@@ -3,8 +3,8 @@
 Three computations over one sequence of T positions, each timed ``calls`` times after a warm-up: ring attention
 forward + backward on this rank's zig-zag share, the SSM's scan split by summaries (distributed/scan.py) on this
 rank's chunk, and an LSTM on its T/P steps, started only once the previous rank hands over its final state (the
-relay: the exact split of a nonlinear recurrence). Then one exchange of a key/value block between neighbours, the
-communication a ring step waits for.
+relay: the exact split of a nonlinear recurrence), beside the whole sequence on rank 0 alone. Then one exchange of
+a key/value block between neighbours, the communication a ring step waits for.
 
 Each rank reports its own compute time per call on ``clock``: its thread's CPU time on CPUs (waits for peers and
 turns given to other tenants excluded), synchronised wall time on a GPU. The caller turns them into critical paths.
@@ -138,11 +138,16 @@ def _ssm(rank, world, s, dev, clock, out) -> None:
 
 @torch.no_grad()
 def _lstm(rank, world, s, dev, clock, out) -> None:
+    """The relay over T/P steps per rank, and with P > 1 rank 0 also runs the whole T steps alone in the same
+    launch, before or after the relay in turn: the chain's time is compared with the unsplit run on one clock and
+    in one process, not with another launch's (whose pace differed by up to 15% from launch to launch)."""
     dim = s["lstm_dim"]
     torch.manual_seed(rank)
     lstm = torch.nn.LSTM(dim, dim, batch_first=True).to(dev)
     x = torch.randn(1, s["T"] // world, dim, device=dev)  # this rank's stretch of the sequence
-    for call in range(s["calls"] + 1):
+    whole = torch.randn(1, s["T"], dim, device=dev) if world > 1 and rank == 0 else None
+
+    def relay(keep):
         dist.barrier()
         w0 = _wall(dev)
         h = torch.zeros(2, 1, 1, dim, device=dev)  # (h, c) stacked
@@ -154,9 +159,23 @@ def _lstm(rank, world, s, dev, clock, out) -> None:
         if rank < world - 1:
             dist.send(torch.stack([hn, cn]).contiguous(), rank + 1)
         dist.barrier()
-        if call:
+        if keep:
             out["lstm_s"].append(c1 - c0)
             out["lstm_wall_s"].append(_wall(dev) - w0)
+
+    def unsplit(keep):
+        dist.barrier()
+        if whole is not None:
+            c0 = clock()
+            lstm(whole)
+            c1 = clock()
+            if keep:
+                out["lstm_whole_s"].append(c1 - c0)
+        dist.barrier()
+
+    for call in range(s["calls"] + 1):  # the first call warms up
+        for fn in ((relay, unsplit) if call % 2 == 0 else (unsplit, relay)):
+            fn(call > 0)
 
 
 def _exchange_s(rank, world, s, dev) -> float:
@@ -184,7 +203,7 @@ def rank_work(rank: int, world: int, setup: dict, device: str, parts=("attn", "s
     mapped = map_large_allocations() if dev.type == "cpu" else False
     clock = clock_for(dev)
     out = {k: [] for k in ("attn_s", "attn_wall_s", "attn_peak_bytes", "ssm_scan_s", "ssm_fix_s", "ssm_wall_s",
-                           "lstm_s", "lstm_wall_s")}
+                           "lstm_s", "lstm_wall_s", "lstm_whole_s")}
     for part, fn in (("attn", _attention), ("ssm", _ssm), ("lstm", _lstm)):
         if part in parts:
             fn(rank, world, setup, dev, clock, out)
