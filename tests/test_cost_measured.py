@@ -122,8 +122,8 @@ def _synthetic_micro(flops=1e11, stream=1e10, overhead=1e-5):
            "decode": [[w, r, ws, t(12 * w * w * 4 / stream)]
                       for w in (96, 1280) for r in (1, 8) for ws in (2 ** 20, 2 ** 28)]}
     H = CALIBRATION["attention_heads"]
-    att = {"floor": {"prefill": zero, "decode": zero},
-           "prefill": [[T, D, t(H * 4 * D * T * (T + 1) / 2 / flops)] for T in (96, 1536) for D in (24, 96)],
+    att = {"floor": {"prefill": {"fp32": zero}, "decode": zero},
+           "prefill": {"fp32": [[T, D, t(H * 4 * D * T * (T + 1) / 2 / flops)] for T in (96, 1536) for D in (24, 96)]},
            "decode": [[S, D, ws, t(H * S * D * 8 / stream)] for S in (40, 4000) for D in (24, 96)
                       for ws in (2 * H * S * D * 4, 2 ** 26)]}
     ew = {"floor": zero, "rows": [[m, w, elementwise_elements(m, w), t(elementwise_elements(m, w) / 1e9)]
@@ -170,10 +170,15 @@ def test_cpu_prediction_is_the_sum_of_its_parts(monkeypatch):
     from attnlab import kernels
     for table in ("linear", "elementwise", "head"):
         micro[table]["bf16"] = micro[table]["fp32"]
+    att = micro["attention"]  # bf16 attention at half fp32's FLOP/s: where the cache is bf16, prefill attends in bf16
+    att["prefill"]["bf16"] = [[T, D, {k: 2 * v for k, v in s.items()}] for T, D, s in att["prefill"]["fp32"]]
+    att["floor"]["prefill"]["bf16"] = att["floor"]["prefill"]["fp32"]
     monkeypatch.setattr(kernels, "_state", {"native": None})
     assert cpu.decode_s(a, 2, 300, micro, "bf16", ops)["attention"] == pytest.approx(dec["attention"])
+    assert cpu.prefill_s(a, 2, 100, micro, "bf16", ops)["attention"] == pytest.approx(pre["attention"])
     monkeypatch.setattr(kernels, "_state", {"native": object()})
     assert cpu.decode_s(a, 2, 300, micro, "bf16", ops)["attention"] == pytest.approx(dec["attention"] / 2)
+    assert cpu.prefill_s(a, 2, 100, micro, "bf16", ops)["attention"] == pytest.approx(2 * pre["attention"])
 
 
 def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, capsys):

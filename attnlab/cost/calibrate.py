@@ -234,10 +234,13 @@ def _decode_attention(H: int, S: int, D: int, copies: int = 1) -> callable:
     return fn
 
 
-def attention_tables() -> dict:
-    """{"prefill": [[T, D, s]], "decode": [[S, D, bytes cycled, s per call]], "floor": {"prefill": s, "decode": s}}
-    for CALIBRATION's head count, batch 1, with an fp32 cache (a bf16 cache is predicted at the same bytes/s:
-    cpu.decode_s counts its bytes). Prefill is the engine's causal ``sdpa`` kernel (_sdpa); decode is the engine's
+def attention_tables(dtypes: tuple[str, ...] = ("fp32",)) -> dict:
+    """{"prefill": {dtype: [[T, D, s]]}, "decode": [[S, D, bytes cycled, s per call]], "floor": {"prefill": {dtype:
+    s}, "decode": s}} for CALIBRATION's head count, batch 1. Prefill in fp32, and in bf16 where ``dtypes`` has bf16
+    or int8 (their prefill attends in the cache's bf16 where attnlab's kernels are built: cpu.attention_dtype; bf16
+    SDPA took 1.8x fp32's time on an AVX-512 CPU without AMX). Decode with an fp32 cache (a bf16 cache is predicted
+    at the same bytes/s: cpu.decode_s counts its bytes). Prefill is the engine's causal ``sdpa`` kernel (_sdpa);
+    decode is the engine's
     decode kernel (_decode_attention), timed over one cache (from the CPU's caches) and over distinct caches adding
     up to 64 MiB (DRAM; at most 200 of them: the smallest stay within the caches, as a small model's do)."""
     H = CALIBRATION["attention_heads"]
@@ -249,10 +252,12 @@ def attention_tables() -> dict:
             for copies in sorted({1, min(max(1, round(ATTENTION_COLD_BYTES / per)), 200)}):
                 t = _time(_decode_attention(H, S, D, copies), repeats=5, inner=max(1, 10 // copies))
                 decode.append([S, D, copies * per, {k: v / copies for k, v in t.items()}])
-    return {"prefill": [[T, D, _time(_sdpa(1, H, T, T, D, f32), repeats=5)]
-                        for T in CALIBRATION["attention_tokens"] for D in CALIBRATION["attention_head_dims"]],
+    kinds = {"fp32": f32, **({"bf16": torch.bfloat16} if {"bf16", "int8"} & set(dtypes) else {})}
+    return {"prefill": {k: [[T, D, _time(_sdpa(1, H, T, T, D, dt), repeats=5)]
+                            for T in CALIBRATION["attention_tokens"] for D in CALIBRATION["attention_head_dims"]]
+                        for k, dt in kinds.items()},
             "decode": decode,
-            "floor": {"prefill": _time(_sdpa(1, H, 8, 8, 8, f32), repeats=7, inner=20),
+            "floor": {"prefill": {k: _time(_sdpa(1, H, 8, 8, 8, dt), repeats=7, inner=20) for k, dt in kinds.items()},
                       "decode": _time(_decode_attention(H, 8, 8), repeats=7, inner=50)}}
 
 
@@ -405,7 +410,7 @@ def _run(dtypes: tuple[str, ...], modules: dict | None) -> dict:
         pulse = Pulse(dtypes)
         pulse()
         for name, bench in (("probe", probe), ("linear", lambda: linear_tables(dtypes, modules, pulse)),
-                            ("attention", attention_tables), ("head", lambda: head_table(dtypes, modules)),
+                            ("attention", lambda: attention_tables(dtypes)), ("head", lambda: head_table(dtypes, modules)),
                             ("elementwise", lambda: elementwise_table(dtypes)), ("cold_dispatch", cold_dispatch),
                             ("memory", memory)):
             t = time.perf_counter()

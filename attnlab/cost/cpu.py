@@ -152,11 +152,12 @@ def _sampling_s(micro: dict, dtype: str, clock: str, a: Arch, rows: int) -> floa
     return rows * a.vocab_size * _by_rows(per_logit, rows)
 
 
-def _attention_prefill_flops(micro: dict, clock: str, T: int, D: int) -> float:
+def _attention_prefill_flops(micro: dict, clock: str, T: int, D: int, dtype: str) -> float:
     a = micro["attention"]
     H = micro["shapes"]["attention_heads"]
-    floor = _floor(a["floor"]["prefill"], clock)
-    table = [(d, t, H * 4 * d * t * (t + 1) / 2 / max(s[clock] - floor, 1e-9)) for t, d, s in a["prefill"]]
+    kind = attention_dtype(dtype)
+    floor = _floor(a["floor"]["prefill"][kind], clock)
+    table = [(d, t, H * 4 * d * t * (t + 1) / 2 / max(s[clock] - floor, 1e-9)) for t, d, s in a["prefill"][kind]]
     return _interp2(table, D, T)
 
 
@@ -205,11 +206,11 @@ def _matrix_params(a: Arch) -> tuple[int, int]:
 
 
 def part_kinds(phase: str, dtype: str) -> dict:
-    """Which pace (engine_timing.Pulse) each part of a phase keeps: matrix arithmetic in its dtype (attention runs in
-    the fp32 cache's dtype, elementwise kernels on fp32 vector units), streaming from memory, or dispatch."""
+    """Which pace (engine_timing.Pulse) each part of a phase keeps: matrix arithmetic in its dtype (attention in the
+    cache's, elementwise kernels on fp32 vector units), streaming from memory, or dispatch."""
     if phase == "prefill":
         return {"overhead": "dispatch", "linear": dtype if dtype in ("fp32", "bf16") else "fp32",
-                "attention": "fp32", "elementwise": "fp32", "head": "memory", "sampling": "fp32", "kv_cache": "memory"}
+                "attention": attention_dtype(dtype), "elementwise": "fp32", "head": "memory", "sampling": "fp32", "kv_cache": "memory"}
     return {"overhead": "dispatch", "linear": "memory", "attention": "memory", "elementwise": "fp32",
             "head": "memory", "sampling": "fp32"}
 
@@ -245,7 +246,7 @@ def prefill_s(a: Arch, batch: int, T: int, micro: dict, dtype: str, ops: dict, c
         + _dtype_extra_s(micro, dtype, clock, ops["prefill_matmuls"], L),
         "linear": L * 2 * M * layer_w / _linear_prefill_flops(micro, dtype, clock, M, a.dim),
         "attention": L * batch * a.n_heads * 4 * D * T * (T + 1) / 2
-        / _attention_prefill_flops(micro, clock, T, D),
+        / _attention_prefill_flops(micro, clock, T, D, dtype),
         "elementwise": L * _layer_elements(a, T, 0, batch, dtype)
         * _elementwise_s_per_element(micro, dtype, clock, M, a.dim),
         "head": _head_s(micro, dtype, clock, a, batch, weights),
@@ -263,6 +264,11 @@ def cache_bytes(dtype: str) -> int:
     from attnlab import kernels
 
     return 2 if dtype in ("bf16", "int8") and kernels.native() is not None else 4
+
+
+def attention_dtype(dtype: str) -> str:
+    """The dtype a prefill attends in: the cache's (cache_bytes), which the queries are converted to."""
+    return "bf16" if cache_bytes(dtype) == 2 else "fp32"
 
 
 def decode_s(a: Arch, batch: int, S: int, micro: dict, dtype: str, ops: dict, clock: str = "wall") -> dict:

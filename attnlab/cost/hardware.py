@@ -199,8 +199,9 @@ def _last_level_cache_bytes() -> int | None:
 
 # 2: elementwise_per_s; 3: gemv through DenseLinear, cache-resident gemv; 4: by width; 5: micro-benchmarks only, at
 # shapes disjoint from the validated models' (cost.calibrate), kept whole in ``micro``; 6: prefill products through
-# engine/many_rows (oneDNN where it is faster); 7: the LM head and the greedy sampler (calibrate.head_table)
-CALIBRATION_VERSION = 7
+# engine/many_rows (oneDNN where it is faster); 7: the LM head and the greedy sampler (calibrate.head_table);
+# 8: prefill attention per dtype
+CALIBRATION_VERSION = 8
 
 
 def _local_key() -> str:
