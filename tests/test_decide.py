@@ -58,10 +58,13 @@ def test_over_repeats_needs_agreement():
 # --- claim 1: traced depth ---------------------------------------------------------------------------------------
 def _e01_round(width=64, lens=(64, 128, 256, 512, 1024), **depths):
     e = {"transformer": {"depth": 0.0, "work": 1.5, "attention_work": 2.0}, "rnn": {"depth": 1.0},
-         "lstm": {"depth": 0.99}, "gru": {"depth": 1.0}, "lstm (fused)": {"depth": 0.98}, "ssm-parallel": {"depth": 0.1}}
+         "lstm": {"depth": 0.99}, "gru": {"depth": 1.0}, "lstm (fused)": {"depth": 0.98}, "ssm-parallel": {"depth": 0.1},
+         "ssm-sequential": {"depth": 0.95}}
     for name, d in depths.items():
         e[name.replace("_", " ")]["depth"] = d
-    return {"width": width, "lengths": list(lens), "exponents": e, "depth_ops": {"transformer": [60] * len(lens)},
+    ops = {"transformer": [60] * len(lens), "ssm-sequential": [36 + 4 * n for n in lens],  # a chain with an offset
+           "ssm-parallel": [56 + 6 * (n.bit_length() - 1) for n in lens]}  # 6 steps per doubling: log n
+    return {"width": width, "lengths": list(lens), "exponents": e, "depth_ops": ops,
             "fused_kernel_steps": [2 * n for n in lens]}
 
 
@@ -77,6 +80,18 @@ def test_e01():
     # the fused kernel counted as one op a layer: its depth stays flat, and the claim fails
     _check("e01_work_depth", _e01(*[_e01_round(w, **{"lstm (fused)": 0.0}) for w in (32, 64, 96)]), NOT_SUPPORTED)
     _check("e01_work_depth", _e01(*[_e01_round(w, gru=None) for w in (32, 64, 96)]), INCONCLUSIVE)
+    # the SSM's clauses, on the depth added per doubling: the sequential scan is a chain (its offset does not hide
+    # it); the parallel scan grows like log n, neither flat nor linear
+    def ssm(seq=None, par=None):
+        rounds = [_e01_round(w) for w in (32, 64, 96)]
+        for r in rounds:
+            r["depth_ops"]["ssm-sequential"] = seq or r["depth_ops"]["ssm-sequential"]
+            r["depth_ops"]["ssm-parallel"] = par or r["depth_ops"]["ssm-parallel"]
+        return _e01(*rounds)
+    lens = _e01_round()["lengths"]
+    _check("e01_work_depth", ssm(seq=[500 + 6 * (n.bit_length() - 1) for n in lens]), NOT_SUPPORTED)  # log n
+    _check("e01_work_depth", ssm(par=[80] * len(lens)), NOT_SUPPORTED)  # flat: it does not grow
+    _check("e01_work_depth", ssm(par=[30 + 2 * n for n in lens]), NOT_SUPPORTED)  # linear: no parallel speed-up
     # the FLOP exponent is the model: a wrong one does not change the verdict
     r = _e01_round()
     r["exponents"]["transformer"]["attention_work"] = 1.0
