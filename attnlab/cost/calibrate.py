@@ -67,6 +67,7 @@ PREFILL_FLOP_CAP = 1.3e10  # FLOPs of one timed set: keeps the table to seconds 
 PREFILL_SETS = 2  # distinct layer sets the prefill table cycles through
 ELEMENT_CAP = 2 * 2 ** 20
 ATTENTION_COLD_BYTES = 64 * MiB  # decode attention is also timed over distinct caches adding up to this
+SAMPLE_FLOOR_LOGITS = 32  # the sampler timed over this many logits per row: its dispatch alone
 MAX_SETS = 200  # copies of one set at most (the narrowest stay within the caches, as a small model's do)
 
 
@@ -171,8 +172,8 @@ def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None, between=
 def head_table(dtypes: tuple[str, ...], modules: dict | None = None) -> dict:
     """{dtype: {"head": [[W, rows, s]], "sample": [[rows, s]], "sample_floor": [[rows, s]]}}: the LM head of
     CALIBRATION["head_vocab"] outputs at each width, laid out for ``rows`` (hot: the cost model takes the larger of
-    this and the weights' streaming time, cost.cpu._head_s), and the greedy sampler over its logits, and over 32
-    logits (the sampler's dispatch, which the probe's per-op cost already carries). ``modules``: as in
+    this and the weights' streaming time, cost.cpu._head_s), and the greedy sampler over its logits, and over
+    SAMPLE_FLOOR_LOGITS logits (the sampler's dispatch, which the probe's per-op cost already carries). ``modules``: as in
     linear_tables (laying a head out is most of this table's time: DenseLinear times its candidate layouts)."""
     from attnlab.engine.quantize import DTYPES, DenseLinear
     from attnlab.engine.sampling import greedy_rows
@@ -192,7 +193,7 @@ def head_table(dtypes: tuple[str, ...], modules: dict | None = None) -> dict:
                 head.append([W, rows, _time(lambda: m(x), repeats=5, inner=3)])
             logits = torch.randn(rows, V).to(act)
             sample.append([rows, _time(lambda: greedy_rows(logits), repeats=5, inner=5)])
-            tiny = torch.randn(rows, 32).to(act)
+            tiny = torch.randn(rows, SAMPLE_FLOOR_LOGITS).to(act)
             floor.append([rows, _time(lambda: greedy_rows(tiny), repeats=5, inner=20)])
         out[dtype] = {"head": head, "sample": sample, "sample_floor": floor}
     return out
@@ -238,7 +239,7 @@ def attention_tables(dtypes: tuple[str, ...] = ("fp32",)) -> dict:
     """{"prefill": {dtype: [[T, D, s]]}, "decode": [[S, D, bytes cycled, s per call]], "floor": {"prefill": {dtype:
     s}, "decode": s}} for CALIBRATION's head count, batch 1. Prefill in fp32, and in bf16 where ``dtypes`` has bf16
     or int8 (their prefill attends in the cache's bf16 where attnlab's kernels are built: cpu.attention_dtype; bf16
-    SDPA took 1.8x fp32's time on an AVX-512 CPU without AMX). Decode with an fp32 cache (a bf16 cache is predicted
+    SDPA runs at its own pace, much slower than fp32's where a CPU lacks bf16 matrix units). Decode with an fp32 cache (a bf16 cache is predicted
     at the same bytes/s: cpu.decode_s counts its bytes). Prefill is the engine's causal ``sdpa`` kernel (_sdpa);
     decode is the engine's
     decode kernel (_decode_attention), timed over one cache (from the CPU's caches) and over distinct caches adding

@@ -128,8 +128,8 @@ def _by_rows(pts: list[tuple[float, float]], rows: int) -> float:
 def _head_s(micro: dict, dtype: str, clock: str, a: Arch, rows: int, working_set: float) -> float:
     """The LM head on ``rows`` rows: the larger of streaming its weights and its hot time, per weight, at the
     calibration's vocabulary (calibrate.head_table). Its streaming rate is the layer table's at the width whose
-    largest matrix (4W x W) holds as many weights as the head: a call's rate depends on its matrix's size (one
-    large head streamed at twice the rate of a 384-wide layer's matrices, fp32 on one thread)."""
+    largest matrix (4W x W) holds as many weights as the head: a call's streaming rate depends on its matrix's size
+    (fixed costs per call and per row weigh less on a large matrix), and the head is one large matrix."""
     weights = a.vocab_size * a.dim
     like = math.sqrt(weights / 4)
     stream = weights * dtype_bytes(dtype) / _linear_decode_bw(micro, dtype, clock, like, working_set, rows)
@@ -145,10 +145,12 @@ def _head_s(micro: dict, dtype: str, clock: str, a: Arch, rows: int, working_set
 
 def _sampling_s(micro: dict, dtype: str, clock: str, a: Arch, rows: int) -> float:
     """The greedy sampler over ``rows`` x V logits, beyond its dispatch (which the probe's per-op cost carries)."""
+    from attnlab.cost.calibrate import SAMPLE_FLOOR_LOGITS
+
     t = micro["head"][dtype]
     V = micro["shapes"]["head_vocab"]
     floors = dict((r, s[clock]) for r, s in t["sample_floor"])
-    per_logit = [(r, max(s[clock] - floors[r], 0.0) / (r * (V - 32))) for r, s in t["sample"]]
+    per_logit = [(r, max(s[clock] - floors[r], 0.0) / (r * (V - SAMPLE_FLOOR_LOGITS))) for r, s in t["sample"]]
     return rows * a.vocab_size * _by_rows(per_logit, rows)
 
 
