@@ -146,6 +146,16 @@ def native_bf16(device: str | torch.device = "cpu") -> bool:
     return cpu_capabilities().native_bf16
 
 
+def bf16_trains_faster(device: str | torch.device = "cpu") -> bool:
+    """Whether training under bf16 autocast beats fp32 on ``device``: a GPU with bf16, or a CPU with AMX tiles.
+    AVX-512's bf16 dot products alone do not: oneDNN's bf16 products there run below its fp32 ones, and autocast
+    adds a cast of every weight at every step (claim 13's CHANGES has the measurement)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return native_bf16(device)
+    return cpu_capabilities().amx_bf16 and native_bf16(device)
+
+
 def fast_dtypes(device: str | torch.device = "cpu") -> tuple[str, ...]:
     """The inference dtypes worth running on ``device``: fp32 always; bf16 and int8 weight-only (bf16
     activations) only where bf16 is native. A default or a sweep picks from these and nothing else."""
