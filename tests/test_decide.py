@@ -193,9 +193,11 @@ def test_e04():
 
 
 # --- claim 5: extrapolation, per seed, test lengths measured -------------------------------------------------------
-def _e05(rope, sin, test_len=512, at_L=4.0):
-    return {"ratio_4L_by_seed": {"rope": rope, "sinusoidal": sin}, "ratio_4L": {"alibi": 0.96, "rope+ntk": 1.6},
-            "seeds": list(range(len(rope))), "ppl_L_by_seed": {"rope": [at_L] * len(rope), "sinusoidal": [at_L] * len(sin)},
+def _e05(rope, sin, test_len=512, at_L=4.0, alibi=0.96, ntk=1.6, pi=5.0):
+    n = len(rope)
+    return {"ratio_4L_by_seed": {"rope": rope, "sinusoidal": sin, "alibi": [alibi] * n, "rope+ntk": [ntk] * n,
+                                 "rope+linear": [pi] * n},
+            "seeds": list(range(n)), "ppl_L_by_seed": {k: [at_L] * n for k in ("rope", "sinusoidal", "alibi")},
             "unigram_ppl": 20.0, "trained_len_measured": 128, "test_len_measured": test_len}
 
 
@@ -204,6 +206,16 @@ def test_e05():
     assert d.repeats == [SUPPORTED] * 3 and all(c["met"] for c in d.regime)
     _check("e05_extrapolation", _e05([4.0, 4.2, 3.9], [3.0, 3.1, 2.9]), NOT_SUPPORTED)
     _check("e05_extrapolation", _e05([3.0, 3.1, 2.9], [3.1, 3.2, 3.0]), INCONCLUSIVE)  # within 10% on every seed
+    # the other clauses: ALiBi degrading least, a scaling of rope at inference recovering part of the loss
+    _check("e05_extrapolation", _e05([3.0, 3.1, 2.9], [4.0, 4.2, 3.9], alibi=3.5), NOT_SUPPORTED)
+    _check("e05_extrapolation", _e05([3.0, 3.1, 2.9], [4.0, 4.2, 3.9], ntk=3.6, pi=4.0), NOT_SUPPORTED)
+    _check("e05_extrapolation", _e05([3.0, 3.1, 2.9], [4.0, 4.2, 3.9], alibi=2.8), INCONCLUSIVE)  # within the margin
+    d = _check("e05_extrapolation", _e05([3.0, 3.1, 2.9], [4.0, 4.2, 3.9], ntk=3.5, pi=1.2), SUPPORTED)  # either scaling
+    assert "rope+linear recovers part" in d.reasons[-1]
+    old = _e05([3.0, 3.1, 2.9], [4.0, 4.2, 3.9])  # a run from before the clauses were measured on every seed
+    for k in ("alibi", "rope+ntk", "rope+linear"):
+        del old["ratio_4L_by_seed"][k]
+    _check("e05_extrapolation", old, INCONCLUSIVE)
     assert _check("e05_extrapolation", _e05([3.0, 4.5, 3.3], [4.0, 3.2, 3.9]), INCONCLUSIVE).qualifier == UNSTABLE
     d = _check("e05_extrapolation", _e05([3.0], [4.0]), SUPPORTED)  # quick scale: one seed, said so
     assert any("one seed" in r for r in d.reasons)
@@ -244,12 +256,12 @@ def test_e06():
 
 
 # --- claim 7: MLP vs attention core, and the crossover the claim states ------------------------------------------
-def _e07_round(mlp, core, lens=(256, 512, 1024, 2048), late=None, r=1):
-    """``mlp``/``core``: (min, max) at every length; ``late``: (mlp, core) medians at the lengths >= 2,000."""
+def _e07_round(mlp, core, lens=(256, 512, 1024, 2048, 4096), late=None, r=1):
+    """``mlp``/``core``: (min, max) at every length; ``late``: (mlp, core) medians at the lengths >= 3,000."""
     rows = []
     for n in lens:
-        lo_m, hi_m = mlp if (late is None or n < 2000) else (late[0],) * 2
-        lo_c, hi_c = core if (late is None or n < 2000) else (late[1],) * 2
+        lo_m, hi_m = mlp if (late is None or n < 3000) else (late[0],) * 2
+        lo_c, hi_c = core if (late is None or n < 3000) else (late[1],) * 2
         rows.append({"n": n, "mlp_s": (lo_m + hi_m) / 2, "mlp_min_s": lo_m, "mlp_max_s": hi_m,
                      "attention_core_s": (lo_c + hi_c) / 2, "attention_core_min_s": lo_c, "attention_core_max_s": hi_c,
                      "core_share_of_layer": 0.2})
@@ -267,14 +279,14 @@ def test_e07():
     assert d.repeats == [SUPPORTED] * 3 and all(c["met"] for c in d.regime)
     _check("e07_ffn_share", three(mlp=(1.0, 1.1), core=(2.0, 2.2)), NOT_SUPPORTED)
     _check("e07_ffn_share", three(mlp=(1.0, 2.0), core=(1.5, 1.6)), INCONCLUSIVE)
-    # the MLP slower below 2,000 but the core already slower at 2,048: crossover below 2,000, not "several thousand"
+    # the MLP slower below 3,000 but the core catching up before it: crossover below 3,000, not "several thousand"
     d = _check("e07_ffn_share", three(mlp=(2.0, 2.2), core=(1.0, 1.1), late=(1.0, 3.0)), NOT_SUPPORTED)
-    assert e07.crossover(_e07_round((2.0, 2.2), (1.0, 1.1), late=(1.0, 3.0))["rows"]) < 2000
-    # the crossover just past 2,000 passes, interpolated between 1,024 and 4,096
+    assert 2048 < e07.crossover(_e07_round((2.0, 2.2), (1.0, 1.1), late=(1.0, 3.0))["rows"]) < 3000
+    # the crossover just past 3,000 passes, interpolated between 1,024 and 4,096
     m = _e07_round((2.0, 2.2), (1.0, 1.1), lens=(256, 512, 1024, 4096), late=(1.0, 1.2))
-    assert 2000 <= e07.crossover(m["rows"]) < 4096 and e07.decide_one(m).verdict == SUPPORTED
-    # outside the regime: lengths that stop short of 2,000
-    out = _check("e07_ffn_share", _e07(_e07_round((2.0, 2.2), (1.0, 1.1), lens=(256, 512, 1024))), INCONCLUSIVE)
+    assert 3000 <= e07.crossover(m["rows"]) < 4096 and e07.decide_one(m).verdict == SUPPORTED
+    # outside the regime: lengths that stop short of 3,000
+    out = _check("e07_ffn_share", _e07(_e07_round((2.0, 2.2), (1.0, 1.1), lens=(256, 512, 1024, 2048))), INCONCLUSIVE)
     assert out.qualifier == REGIME_NOT_REACHED
     out = _check("e07_ffn_share", _e07(_e07_round((2.0, 2.2), (1.0, 1.1)), _e07_round((1.0, 1.1), (2.0, 2.2), r=2)),
                  INCONCLUSIVE)
@@ -430,7 +442,8 @@ def _e13(speedups, identical=True, step_ms=3.6, verify_ms=4.5, draft_ms=0.3, agr
     return {"weight_bytes": 100e6, "bandwidth_bytes_per_s": [29e9, 30e9], "target_step_s": step_ms / 1e3,
             "verify_step_s": verify_ms / 1e3, "draft_step_s": draft_ms / 1e3, "agreement": agreement,
             "target_val_loss": loss, "chosen": {"draft": "d128x1", "k": 3},
-            "tuning": [{"draft": "d128x1", "k": k, "speedup": 1.5, "acceptance": 0.7, "identical": True} for k in (2, 3)],
+            "tuning": [{"draft": "d128x1", "k": k, "speedup": 1.5, "acceptance": a, "proposed": 400, "identical": True}
+                       for k, a in ((2, 0.8), (3, 0.7))],
             "rounds": [{"round": r + 1, "speedup": s, "acceptance": 0.7, "identical": identical, "step_s": step_ms / 1e3}
                        for r, s in enumerate(speedups)]}
 
@@ -445,6 +458,10 @@ def test_e13():
     assert d.qualifier == ""  # between break-even and the threshold: the data, not the set-up
     unstable = _check("e13_speculative", _e13([1.6, 0.8, 1.5]), INCONCLUSIVE)
     assert unstable.qualifier == UNSTABLE and len(unstable.repeats) == 3
+    # "acceptance falls as k grows" cannot rise with k by its definition: shown, never deciding
+    rises = _with(_e13([1.6, 1.5, 1.7]), lambda m: m["tuning"][1].update(acceptance=0.9))
+    d = _check("e13_speculative", rises, SUPPORTED)
+    assert "k=2 80.0% of 400, k=3 90.0% of 400" in d.reasons[-1] and "not decided" in d.reasons[-1]
 
 
 @pytest.mark.parametrize("outside", [dict(step_ms=9.0),  # the step is overhead, not weight traffic (2.7x ideal)
@@ -457,6 +474,17 @@ def test_e13_outside_its_regime_is_inconclusive(outside):
         d = _check("e13_speculative", _e13(speedups, **outside), INCONCLUSIVE)
         assert d.qualifier == REGIME_NOT_REACHED
         assert [c["met"] for c in d.regime].count(False) == 3  # one condition, missed in each of 3 rounds
+    # conditions measured before each round (bandwidth, verify and draft ratios) are that round's
+    paired = _e13([1.6, 1.5, 1.7])
+    for r in paired["rounds"]:
+        r.update(bandwidth_bytes_per_s=30e9, verify_vs_step=1.2, draft_vs_step=0.05)
+    assert _check("e13_speculative", paired, SUPPORTED).regime[1]["value"] == 1.2
+    paired["rounds"][2]["verify_vs_step"] = 1.7
+    assert _check("e13_speculative", paired, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    paired["rounds"][2].update(verify_vs_step=1.2, step_s=5.5e-3)  # 1.65x the 3.3 ms ideal at 30 GB/s ...
+    assert _check("e13_speculative", paired, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    paired["rounds"][2]["bandwidth_bytes_per_s"] = 20e9  # ... but 1.1x at the 20 GB/s measured before that round
+    _check("e13_speculative", paired, SUPPORTED)
     slow_round = _e13([0.8, 0.9, 0.85])
     slow_round["rounds"][1]["step_s"] = 9e-3  # one round's decode step outside: the verdict is not a finding
     assert _check("e13_speculative", slow_round, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
