@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.experiments.base import (INCONCLUSIVE, NOT_SUPPORTED, REGIME_NOT_REACHED, SUPPORTED, UNSTABLE, Decision,
-                                      condition, in_regime, over_repeats)
+                                      clears, condition, in_regime, middle_half, over_repeats)
 
 
 def _decide(name):
@@ -41,6 +41,15 @@ def test_in_regime_turns_any_verdict_outside_the_regime_into_inconclusive():
         assert outside.label == "inconclusive (regime not reached)" and repr(v) in outside.reasons[-1]
     assert condition("x", float("nan"), "> 0", True)["met"] is None  # a NaN measurement meets nothing
     assert in_regime([condition("x", float("nan"), "> 0", True)], Decision(SUPPORTED, "f")).verdict == INCONCLUSIVE
+
+
+def test_middle_half_leaves_one_spike_out_of_seven_but_not_two_of_five():
+    calm = [1.0, 1.1, 1.0, 1.2, 1.1, 1.0, 1.1]
+    assert middle_half(calm) == (1.0, 1.1) and middle_half(calm[:-1] + [9.0]) == (1.0, 1.2)
+    assert middle_half([1.0, 9.0, 1.1, 9.5, 1.2]) == (1.1, 9.0)  # two of five are no stray: they show
+    assert clears([5.8, 5.4, 5.7, 2.3, 6.0, 5.6, 5.5], 2.0) is True
+    assert clears([1.5, 1.2, 1.8, 4.0, 1.6, 1.7, 1.4], 2.0) is False
+    assert clears([1.5, 2.5, 1.8, 2.4, 2.6, 1.7, 2.2], 2.0) is None
 
 
 def test_over_repeats_needs_agreement():
@@ -256,14 +265,16 @@ def test_e06():
 
 
 # --- claim 7: MLP vs attention core, and the crossover the claim states ------------------------------------------
-def _e07_round(mlp, core, lens=(256, 512, 1024, 2048, 4096), late=None, r=1):
-    """``mlp``/``core``: (min, max) at every length; ``late``: (mlp, core) medians at the lengths >= 3,000."""
+def _e07_round(mlp, core, lens=(256, 512, 1024, 2048, 4096), late=None, r=1, spike=None):
+    """``mlp``/``core``: (lower, upper) quartile at every length; ``late``: (mlp, core) medians at the lengths >= 3,000;
+    ``spike``: the core's slowest call at every length (default: its upper quartile)."""
     rows = []
     for n in lens:
         lo_m, hi_m = mlp if (late is None or n < 3000) else (late[0],) * 2
         lo_c, hi_c = core if (late is None or n < 3000) else (late[1],) * 2
-        rows.append({"n": n, "mlp_s": (lo_m + hi_m) / 2, "mlp_min_s": lo_m, "mlp_max_s": hi_m,
-                     "attention_core_s": (lo_c + hi_c) / 2, "attention_core_min_s": lo_c, "attention_core_max_s": hi_c,
+        rows.append({"n": n, "mlp_s": (lo_m + hi_m) / 2, "mlp_min_s": lo_m, "mlp_max_s": hi_m, "mlp_lo_s": lo_m,
+                     "mlp_hi_s": hi_m, "attention_core_s": (lo_c + hi_c) / 2, "attention_core_min_s": lo_c,
+                     "attention_core_max_s": spike or hi_c, "attention_core_lo_s": lo_c, "attention_core_hi_s": hi_c,
                      "core_share_of_layer": 0.2})
     return {"round": r, "rows": rows}
 
@@ -279,6 +290,8 @@ def test_e07():
     assert d.repeats == [SUPPORTED] * 3 and all(c["met"] for c in d.regime)
     _check("e07_ffn_share", three(mlp=(1.0, 1.1), core=(2.0, 2.2)), NOT_SUPPORTED)
     _check("e07_ffn_share", three(mlp=(1.0, 2.0), core=(1.5, 1.6)), INCONCLUSIVE)
+    # one stray call of the core beyond the MLP's fastest does not decide; the middle halves do
+    _check("e07_ffn_share", three(mlp=(2.0, 2.2), core=(1.0, 1.1), spike=3.0), SUPPORTED)
     # the MLP slower below 3,000 but the core catching up before it: crossover below 3,000, not "several thousand"
     d = _check("e07_ffn_share", three(mlp=(2.0, 2.2), core=(1.0, 1.1), late=(1.0, 3.0)), NOT_SUPPORTED)
     assert 2048 < e07.crossover(_e07_round((2.0, 2.2), (1.0, 1.1), late=(1.0, 3.0))["rows"]) < 3000
@@ -552,6 +565,9 @@ def test_e16():
     noisy = {**_e16(good)["repeats"][0]}
     noisy["kinds"]["everything"]["prefill_s"] = [1.5e-3, 2.5e-3, 2e-3, 2.2e-3, 1.8e-3]
     _check("e16_send_relevant", {"batch": 32, "train_len": 256, "repeats": [noisy]}, INCONCLUSIVE)  # ratio at 2x
+    spiked = {**_e16(good)["repeats"][0]}  # one round's short prefill 3x slow: one ratio at 2x, the rest at 6x
+    spiked["kinds"]["relevant only"]["prefill_s"] = [1e-3, 1e-3, 3e-3, 1e-3, 1e-3]
+    _check("e16_send_relevant", {"batch": 32, "train_len": 256, "repeats": [spiked]}, SUPPORTED)
     assert _check("e16_send_relevant", _e16(good, base=0.3), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
     assert _check("e16_send_relevant", _e16(good, facts=2), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
     assert _check("e16_send_relevant", _e16(good, pair=0.5), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED

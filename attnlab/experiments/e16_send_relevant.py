@@ -3,8 +3,8 @@
 import torch
 
 from attnlab.experiments import needle
-from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, exceeds, in_regime,
-                                      mean, spread, timing, verdict)
+from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, clears, condition, in_regime,
+                                      mean, middle_half, timing, verdict)
 
 TITLE = "Send what is relevant, not everything"
 CLAIM = ("A prompt with only the relevant context answers as well as one padded with everything that might be "
@@ -15,9 +15,16 @@ PREDICTION = ("On a byte-level language model trained on the embedded corpus wit
               "alone, and the prefill time of a batch of 32 such prompts is >= 2x higher for the long ones.")
 THRESHOLD = ("Per repetition: supported if the long prompts' accuracy is not above the short ones' by more than 2 "
              "standard errors and their prefill time is >= 2x the short ones' beyond the spread of the ratio over "
-             "timing rounds; not supported if the long prompts answer better by more than 2 standard errors or the "
-             "time ratio is below 2x beyond its spread; inconclusive otherwise. Repetitions (independent haystack and "
-             "fact draws, 3 at full scale) must agree.")
+             "timing rounds (the middle half of 7 rounds' ratios above 2x); not supported if the long prompts answer "
+             "better by more than 2 standard errors or the time ratio is below 2x beyond its spread (the middle half "
+             "below 2x); inconclusive otherwise. Repetitions (independent haystack and fact draws, 3 at full scale) "
+             "must agree.")
+# The wording of 2026-12-02, kept as it was (CHANGES quotes it): the ratio's mean against its full range.
+_THRESHOLD_RANGE = ("Per repetition: supported if the long prompts' accuracy is not above the short ones' by more "
+                    "than 2 standard errors and their prefill time is >= 2x the short ones' beyond the spread of the "
+                    "ratio over timing rounds; not supported if the long prompts answer better by more than 2 standard "
+                    "errors or the time ratio is below 2x beyond its spread; inconclusive otherwise. Repetitions "
+                    "(independent haystack and fact draws, 3 at full scale) must agree.")
 REGIME = ("The model learned the task: first-digit accuracy >= 80% on a short context (a quarter of the trained "
           "length) with no distractor, and >= 80% at the trained length beside one same-form distractor (it reads the "
           "key). The long prompt reaches the trained length with >= 4 same-form distractors.")
@@ -43,9 +50,19 @@ CHANGES = [
     needle.lr_change(
         "supported in 3 of 3 repetitions (relevant only 100% vs everything 96-98%; prefill 5.3-5.8x "
         "slower for 5x the bytes)"),
+    {"date": "2026-12-03", "what": "threshold: the ratio's spread is the middle half of 7 timing rounds",
+     "old": _THRESHOLD_RANGE,
+     "new": THRESHOLD,
+     "why": ("A verdict that one stray call can flip is not a finding. In the reference of 83d7463 repetition 1's "
+             "ratios were 5.8, 5.4, 5.7, 2.3 and 6.0x: one round's short prefill took 19.3 ms against 7.7-8.6 ms in "
+             "the others, so the mean 5.0x lay within the full range (3.7) of 2x and the repetition read inconclusive "
+             "while the other two read supported. The quartiles of 7 rounds leave out the single highest and lowest "
+             "ratio. Prediction and regime unchanged. Verdict before: inconclusive (unstable) (reference 83d7463: "
+             "inconclusive, supported, supported); after, on the same data (middle half of its 5 rounds): supported "
+             "in all three (5.4-5.8x, 5.7-6.0x, 5.3-5.7x).")},
 ]
 EST_S = {"quick": 8, "full": 25}
-BATCH, ROUNDS = 32, 5
+BATCH, ROUNDS = 32, 7
 
 
 def _prefill_s(model, x, device) -> float:
@@ -81,17 +98,18 @@ def decide_one(rep: dict, batch: int) -> Decision:
     ratio = [b / a for a, b in zip(short["prefill_s"], long_["prefill_s"])]
     se = (needle.acc_se(short) ** 2 + needle.acc_se(long_) ** 2) ** 0.5
     better = needle.beyond(long_["acc"] - short["acc"], 0.0, se) is True  # the long prompts answer better
-    r = exceeds(ratio, 2.0)
+    r = clears(ratio, 2.0)
+    lo, hi = middle_half(ratio)
     reasons = [f"accuracy: relevant only {short['acc']:.0%} ({short['tokens']} bytes) vs everything {long_['acc']:.0%} "
                f"({long_['tokens']} bytes, {long_['facts'] - 1} distractors); the long prompts better by more than 2 "
                f"s.e. ({2 * se * 100:.1f} points): {'yes' if better else 'no'}",
                f"prefill of {batch} prompts: {mean(short['prefill_s']) * 1e3:.2f} ms vs {mean(long_['prefill_s']) * 1e3:.2f}"
-               f" ms, ratio {mean(ratio):.1f}x (spread {spread(ratio):.1f} over {len(ratio)} rounds; >= 2x?)"]
+               f" ms, ratio {mean(ratio):.1f}x (middle half of {len(ratio)} rounds {lo:.1f}-{hi:.1f}x; >= 2x?)"]
     if better or r is False:
         ok = False
     elif r is None:
         ok = None
-        reasons.append("the time ratio is within its spread of 2x: inconclusive")
+        reasons.append("the middle half of the time ratios straddles 2x: inconclusive")
     else:
         ok = True
     figure = (f"{long_['tokens'] / short['tokens']:.0f}x the bytes: accuracy {short['acc']:.0%} (fact only) vs "
