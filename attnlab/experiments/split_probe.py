@@ -1,10 +1,11 @@
 """One process's share of claim 17's measurements (e17_split_devices.py), run on each of P ranks by ``run_local``.
 
-Three computations over one sequence of T positions, each timed ``calls`` times after a warm-up: ring attention
-forward + backward on this rank's zig-zag share, the SSM's scan split by summaries (distributed/scan.py) on this
-rank's chunk, and an LSTM on its T/P steps, started only once the previous rank hands over its final state (the
-relay: the exact split of a nonlinear recurrence), beside the whole sequence on rank 0 alone. Then one exchange of
-a key/value block between neighbours, the communication a ring step waits for.
+Three computations over one sequence of T positions (attention over ``attn_T`` when the setup gives one), each
+timed ``calls`` times after a warm-up: ring attention forward + backward on this rank's zig-zag share, the SSM's
+scan split by summaries (distributed/scan.py) on this rank's chunk, and an LSTM on its T/P steps, started only once
+the previous rank hands over its final state (the relay: the exact split of a nonlinear recurrence), beside the
+whole sequence on rank 0 alone. Then one exchange of a key/value block between neighbours, the communication a
+ring step waits for.
 
 Each rank reports its own compute time per call on ``clock``: its thread's CPU time on CPUs (waits for peers and
 turns given to other tenants excluded), synchronised wall time on a GPU. The caller turns them into critical paths.
@@ -97,16 +98,23 @@ def _wall(dev: torch.device) -> float:
     return time.perf_counter()
 
 
+def _attn_len(s: dict) -> int:
+    """Attention's total length: its cost grows as T^2 and the recurrences' as T, so a setup may give attention a
+    shorter sequence (``attn_T``) to keep the rounds affordable while the recurrences' chains stay long."""
+    return s.get("attn_T", s["T"])
+
+
 def _attention(rank, world, s, dev, clock, out) -> None:
     from attnlab.distributed import ring
 
-    Tl, peak = ring.padded_len(s["T"], world) // world, PeakWindow(dev)
+    T = _attn_len(s)
+    Tl, peak = ring.padded_len(T, world) // world, PeakWindow(dev)
     for call in range(s["calls"] + 1):
         peak.start()
         q, k, v = (torch.randn(1, s["H"], Tl, s["D"], device=dev, requires_grad=True) for _ in range(3))
         dist.barrier()
         w0, c0 = _wall(dev), clock()
-        ring.ring_attention(q, k, v, causal=True, scale=s["D"] ** -0.5, seq_len=s["T"]).sum().backward()
+        ring.ring_attention(q, k, v, causal=True, scale=s["D"] ** -0.5, seq_len=T).sum().backward()
         c1 = clock()
         dist.barrier()
         if call:  # the first call warms up
@@ -184,7 +192,7 @@ def _exchange_s(rank, world, s, dev) -> float:
         return 0.0
     from attnlab.distributed import ring
 
-    Tl = ring.padded_len(s["T"], world) // world
+    Tl = ring.padded_len(_attn_len(s), world) // world
     send, recv = torch.randn(2, 1, s["H"], Tl, s["D"], device=dev), torch.empty(2, 1, s["H"], Tl, s["D"], device=dev)
     times = []
     for _ in range(4):
