@@ -12,22 +12,17 @@ predictions are kept beside (``error_unpaced``).
 Each case is a randomly initialised attnlab transformer (seed 0) run by the engine in a fresh process, generating
 NEW_TOKENS tokens per call with both clocks read around a prefill-only first step (engine_timing.time_generate):
 time to first token = until every sequence has its first token; decode time per step = the rest of the call over the steps
-it took; each figure is the median over the repeats, after a warm-up. History: until 2026-12-01 the decode figure
-was (a call for NEW_TOKENS - a call for one) / (NEW_TOKENS - 1), first as a difference of medians, which came out
-negative once (-0.46 ms a step under a 1,024-token bf16 prompt), then as the median of each pair's difference,
-which the prefill's noise still drowned (the 2,048-token case's figure: 0.33-0.74 ms in four runs; per-step stamps:
-0.68 ms, twice). The same day the pulse's memory sum grew from one 64 MiB buffer to four of 128 MiB read in turn
-(engine_timing.Pulse says why), and TTFT came to be read after a prefill-only step. With one thread (the default) the clock is
-the process's CPU time, which is its wall time on an idle core: on a busy machine a run longer than a scheduler
-slice waits for the core (here up to 2x), a micro-benchmark shorter than one rarely does, so wall time would
+it took; each figure is the median over the repeats, after a warm-up. Reading the decode figure from per-step
+stamps, not from a difference of two calls' times, keeps the prefill's noise out of it. With one thread (the
+default) the clock is the process's CPU time, which is its wall time on an idle core: on a busy machine a run longer
+than a scheduler slice waits for the core, a micro-benchmark shorter than one rarely does, so wall time would
 compare unlike with like; the wall times are kept beside. With more threads the clock is wall time. ``cost.cpu`` predicts both figures from the
 micro-benchmarks and the tracer's op counts. Error = predicted / measured - 1. Cases in a dtype this CPU only
 emulates are skipped, and say so.
 
 The cases are drawn afresh in every run from a stated space (``SPACE``, ``draw_cases``) with a seed chosen for
 the run and recorded (``attnlab cost --validate --seed S`` draws the same cases again), so no case can be tuned
-on: until 2026-12-02 ten fixed cases had guided several calibration changes, and the committed result was the
-passing one of three runs. Every run, met or not, is appended to a log (``validation_log``), whose pass rate is
+on (docs/cost.md tells how fixed cases had been). Every run, met or not, is appended to a log (``validation_log``), whose pass rate is
 the figure to quote.
 """
 from __future__ import annotations
