@@ -10,10 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+from attnlab.cli_args import add_config_flags, add_threads, add_weight_dtype, config_from_flags
 from attnlab.cli_measure import add_measure_commands, warn_if_emulated
 from attnlab.cli_recsys import add_recsys_command
 from attnlab.errors import AttnlabError
 from attnlab.runtime import set_threads
+from attnlab.serve.config import ServeConfig
 
 
 class _Parser(argparse.ArgumentParser):
@@ -197,22 +199,16 @@ def cmd_serve(args) -> int:
 
     if "OMP_WAIT_POLICY" not in os.environ and args.from_command_line:
         # The engine thread's OpenMP team spins between ops by default, taking the core the HTTP thread needs to
-        # stream tokens: measured here (GPT-2 small, 16 streams) a server step took 105-255 ms with spinning
-        # threads and ~106 ms with sleeping ones. libgomp reads the policy once, when torch loads it, so the
-        # server starts again in a process that has it (the user's own setting, if any, is kept).
+        # stream tokens (docs/serving.md has the measured steps). libgomp reads the policy once, when torch loads
+        # it, so the server starts again in a process that has it (the user's own setting, if any, is kept).
         os.execve(sys.executable, [sys.executable, "-m", "attnlab", *sys.argv[1:]],
                   {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
-    from attnlab.serve.config import ServeConfig
     from attnlab.serve.server import serve
 
     set_threads(args.threads)
     warn_if_emulated("serve", args.dtype)
-    cfg = ServeConfig(host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
-                      kv_blocks=args.kv_blocks, prefill_chunk=args.prefill_chunk or None,
-                      prefill_budget=args.prefill_budget, api_key=_api_key(args),
-                      allow_origins=tuple(args.allow_origin), insecure=args.insecure,
-                      request_timeout_s=args.request_timeout,
-                      max_tokens_cap=args.max_tokens_cap, drain_s=args.drain_s, model_name=args.model_name)
+    args.prefill_chunk = args.prefill_chunk or None  # 0 on the command line: whole prompts
+    cfg = config_from_flags(ServeConfig, args, api_key=_api_key(args), allow_origins=tuple(args.allow_origin))
     return serve(args.checkpoint, cfg, args.dtype, args.log_level)
 
 
@@ -352,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--overwrite", action="store_true",
                    help="replace the checkpoint in --out with a new run (without it, or --resume, a folder that "
                         "holds a checkpoint is refused)")
-    g.add_argument("--threads", type=int)
+    add_threads(g)
     g.add_argument("--quiet", action="store_true")
     g.add_argument("--json", action="store_true")
     g = p.add_argument_group("several processes (torch.distributed: gloo on CPU, NCCL on GPU)")
@@ -387,42 +383,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt lookup proposes only after matching at least this many trailing tokens")
     p.add_argument("--lookup-max-ngram", type=int, default=4, help="longest trailing n-gram prompt lookup matches")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix for every token")
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "int8"),
-                   help="weights: fp32, bf16, or int8 weight-only (bf16 activations)")
+    add_weight_dtype(p)
     p.add_argument("--cache-dtype", choices=("fp32", "bf16"), help="KV cache dtype (default: the weights')")
     p.add_argument("--truncate", choices=("left",), help="drop the prompt's first tokens if it is too long")
-    p.add_argument("--threads", type=int)
+    add_threads(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (continuous batching, prefix cache, live page)")
     p.add_argument("checkpoint", help="attnlab checkpoint folder or Hugging Face model folder")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-batch", type=int, default=32, help="sequences decoded together at most")
-    p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot; past it: 429")
-    p.add_argument("--kv-blocks", type=int, help="KV-cache blocks of 16 tokens (default: max-batch full contexts)")
-    p.add_argument("--prefill-chunk", type=int, default=256,
-                   help="prompt tokens a prompt feeds per step, so a long prompt does not stall the running streams "
-                        "(0: whole prompts)")
-    p.add_argument("--prefill-budget", type=int,
-                   help="prompt tokens per step across all prompts, so a burst of new prompts does not stall them "
-                        "either (default: no cap; costs throughput)")
+    add_config_flags(p, ServeConfig)
     p.add_argument("--api-key-file", help="require 'Authorization: Bearer KEY' on /v1 and /api, KEY read from this "
                    "file (or set ATTNLAB_API_KEY)")
     p.add_argument("--api-key", help="the key on the command line (visible in `ps`: prefer --api-key-file)")
     p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                    help="a web origin (e.g. http://localhost:3000) allowed to call the API from a browser, besides "
                         "the server's own page; repeatable")
-    p.add_argument("--insecure", action="store_true",
-                   help="allow binding a non-loopback --host without an API key")
-    p.add_argument("--request-timeout", type=float, default=600.0,
-                   help="seconds a request may run before it is ended with 408 (default 600)")
-    p.add_argument("--max-tokens-cap", type=int, default=4096, help="largest max_tokens a request may ask for")
-    p.add_argument("--drain-s", type=float, default=30.0, help="on SIGTERM, seconds running requests may finish")
-    p.add_argument("--model-name", help="the model's name in the API (default: the folder's name)")
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "int8"))
-    p.add_argument("--threads", type=int)
+    add_weight_dtype(p)
+    add_threads(p)
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_serve)
 
@@ -438,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/demo")
-    p.add_argument("--threads", type=int)
+    add_threads(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_demo)
     return parser

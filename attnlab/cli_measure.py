@@ -7,9 +7,10 @@ import sys
 import warnings
 from pathlib import Path
 
+from attnlab.cli_args import COMPUTE_DTYPES, add_threads
 from attnlab.cli_report import add_report_command
 from attnlab.errors import AttnlabError
-from attnlab.runtime import EmulatedDtypeWarning, check_dtype, native_bf16, resolve_device, set_threads
+from attnlab.runtime import DTYPES, EmulatedDtypeWarning, check_dtype, native_bf16, resolve_device, set_threads
 
 
 def warn_if_emulated(command: str, dtype: str, device: str = "cpu") -> None:
@@ -274,7 +275,7 @@ def add_measure_commands(sub) -> None:
     p.add_argument("--prompt-tokens", type=int, default=1024)
     p.add_argument("--output-tokens", type=int, default=256)
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16", "int8"),
+    p.add_argument("--dtype", choices=DTYPES,
                    help="default bf16; with --hardware local, fp32 where this CPU only emulates bf16")
     p.add_argument("--hardware", default="h100-sxm", choices=list(NAMES) + list(ALIASES))
     p.add_argument("--memory-gb", type=float, help="memory budget for the longest-context figure")
@@ -300,7 +301,7 @@ def add_measure_commands(sub) -> None:
     p.add_argument("--prefill-tokens", type=int, default=1_000_000,
                    help="also: the fewest devices that prefill this many tokens within --prefill-within (0: skip)")
     p.add_argument("--prefill-within", type=float, default=60.0, metavar="S", help="seconds (default 60)")
-    p.add_argument("--threads", type=int)
+    add_threads(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_cost)
 
@@ -312,7 +313,7 @@ def add_measure_commands(sub) -> None:
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--kernel", default="sdpa")
     p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--threads", type=int)
+    add_threads(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_trace)
 
@@ -326,10 +327,10 @@ def add_measure_commands(sub) -> None:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--budget-gb", type=float, default=16.0, help="skip configurations predicted to need more")
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--dtype", default="fp32", choices=COMPUTE_DTYPES)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: times with the GPU synchronised and peak memory from torch.cuda")
-    p.add_argument("--threads", type=int)
+    add_threads(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench_attention)
 

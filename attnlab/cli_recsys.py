@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from attnlab.cli_args import add_threads
 from attnlab.runtime import set_threads
 
 
@@ -60,7 +61,7 @@ def add_recsys_command(sub) -> None:
                    help="cut the training histories the same way every epoch (default: new cuts each epoch)")
     p.add_argument("--batch-size", type=int, default=FitConfig.batch_size,
                    help="training windows (of up to MAX_LEN items) per step")
-    p.add_argument("--threads", type=int)
+    add_threads(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_recsys)

@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+from attnlab.cli_args import add_threads
 from attnlab.errors import AttnlabError
 from attnlab.runtime import resolve_device, set_threads
 
@@ -138,5 +139,5 @@ def add_report_command(sub) -> None:
     p.add_argument("--from", dest="from_json", help="re-render from a results.json")
     p.add_argument("--history", metavar="RESULTS_JSON", help="print the verdict history of a committed reference "
                    "report (each git version of it) as a Markdown table, e.g. reports/cpu-full/results.json")
-    p.add_argument("--threads", type=int)
+    add_threads(p)
     p.set_defaults(func=cmd_report)

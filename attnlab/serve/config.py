@@ -1,11 +1,15 @@
-"""The server's settings (``attnlab serve``'s flags), checked when made, and the engine they configure."""
+"""The server's settings, checked when made, and the engine they configure. ``attnlab serve``'s flags are generated
+from the fields that carry a ``help`` (cli_args.add_config_flags), so each default lives here alone."""
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from attnlab.engine.engine import EngineConfig
 from attnlab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from attnlab.engine.engine import EngineConfig
 
 
 def is_loopback(host: str) -> bool:
@@ -19,22 +23,30 @@ def is_loopback(host: str) -> bool:
 
 @dataclass
 class ServeConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_batch: int = 32
-    max_queue: int = 256
-    kv_blocks: int | None = None  # None: the engine's rule (EngineConfig.kv_blocks)
-    block_size: int = 16
-    prefill_chunk: int | None = 256  # prompt tokens a prompt feeds per step; None: a whole prompt in one step
-    prefill_budget: int | None = None  # prompt tokens per step across prompts; None: no cap
-    api_key: str | None = None
-    allow_origins: tuple[str, ...] = ()  # browser origins besides the server's own that may call it
-    insecure: bool = False  # bind a non-loopback address without an API key anyway
-    request_timeout_s: float = 600.0  # a request still running after this long is ended (408)
-    max_tokens_cap: int = 4096
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind (default: loopback only)"})
+    port: int = field(default=8000, metadata={"help": "port to listen on"})
+    max_batch: int = field(default=32, metadata={"help": "sequences decoded together at most"})
+    max_queue: int = field(default=256, metadata={"help": "requests waiting for a slot; past it: 429"})
+    kv_blocks: int | None = field(default=None, metadata={
+        "help": "KV-cache blocks of --block-size tokens (default: max-batch full contexts)"})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV-cache block (the prefix cache shares whole "
+                                                          "blocks)"})
+    prefill_chunk: int | None = field(default=256, metadata={
+        "help": "prompt tokens a prompt feeds per step, so a long prompt does not stall the running streams "
+                "(0: whole prompts)"})
+    prefill_budget: int | None = field(default=None, metadata={
+        "help": "prompt tokens per step across all prompts, so a burst of new prompts does not stall them either "
+                "(default: no cap; costs throughput)"})
+    api_key: str | None = None  # from --api-key-file, ATTNLAB_API_KEY or --api-key (cli._api_key)
+    allow_origins: tuple[str, ...] = ()  # browser origins besides the server's own that may call it (--allow-origin)
+    insecure: bool = field(default=False, metadata={"help": "allow binding a non-loopback --host without an API key"})
+    request_timeout_s: float = field(default=600.0, metadata={
+        "flag": "--request-timeout", "help": "seconds a request may run before it is ended with 408"})
+    max_tokens_cap: int = field(default=4096, metadata={"help": "largest max_tokens a request may ask for"})
     max_body_bytes: int = 1 << 20
-    drain_s: float = 30.0
-    model_name: str | None = None
+    drain_s: float = field(default=30.0, metadata={"help": "on SIGTERM, seconds running requests may finish"})
+    model_name: str | None = field(default=None, metadata={
+        "help": "the model's name in the API (default: the folder's name)"})
     calibrate: bool = True  # measure the machine for the cost model at start-up (a few seconds, cached on disk)
 
     def __post_init__(self) -> None:
@@ -66,7 +78,10 @@ class ServeConfig:
 
     def engine_config(self, cache_dtype=None) -> EngineConfig:
         """The engine the server runs: its batch, KV pool and prefill settings; a fault ends requests, not the
-        server (``raise_faults=False``)."""
+        server (``raise_faults=False``). Imported here so that the CLI can build its flags from this class without
+        loading the engine."""
+        from attnlab.engine.engine import EngineConfig
+
         return EngineConfig(max_batch=self.max_batch, kv_blocks=self.kv_blocks, block_size=self.block_size,
                             prefill_chunk=self.prefill_chunk, prefill_budget=self.prefill_budget,
                             cache_dtype=cache_dtype, raise_faults=False)
