@@ -1,0 +1,220 @@
+"""attnlab's engine against CTranslate2, a production C++ inference engine, on the same GPT-2 small weights.
+
+    python -m pip install -e '.[bench]'          # CTranslate2 and transformers: benchmark-only dependencies
+    python benchmarks/vs_ctranslate2.py [--rounds 5] [--threads 2] [--quick]
+
+The weights: Hugging Face's GPT-2 small built at random (seed 0) and saved with a made-up word-level vocabulary
+(the converter needs a tokenizer; token i is "t<i>"); attnlab loads the folder, CTranslate2's own converter
+converts it, and CTranslate2 quantizes on load (``compute_type``), as its users run it.
+
+Rows: batch-1 decode after a 512-token prompt (ms per token) and the TTFT of that prompt; batched generation of
+16 and of 64 prompts of 128 tokens, 64 new tokens each (output tokens per second); in fp32 and int8, and bf16 where
+both run it natively. Each side runs its strongest CPU path: CTranslate2's ``generate_batch`` with the prompt
+forwarded at once (``include_prompt_in_result=False``) and greedy search; attnlab's ``generate`` (the engine) with
+its weights laid out for the rows a call decodes.
+
+The clock, one for both sides: time.perf_counter() read around each whole call (common.timed_call). TTFT is a call
+for one token; decode per token = (a call for n tokens - the call for one) / (n - 1). Every side runs every call
+shape once untimed first; the sides alternate each round (common.round_order) and every ratio is the median of
+per-round ratios. The machine's bounds come from the same run, measured before and after: the fp32 matmul peak and
+the memory bandwidth. Each batch-1 decode row is also a share of its bound (weight bytes read per token over the
+bandwidth, against the measured step), each batched row a share of the peak (model FLOPs of prompts and outputs
+over wall time). Greedy tokens are compared in fp32. Writes benchmarks/results/vs_ctranslate2.json.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+
+from attnlab.engine import generate
+from attnlab.engine.quantize import set_precision
+from attnlab.models.hf import load_hf
+from attnlab.runtime import fast_dtypes
+from common import (context, matmul_peak_flops, memory_bandwidth, round_order, round_ratios, set_threads, summarize,
+                    timed_call, write_json)
+from decode_vs_hf import decode_bytes_per_token
+
+CT2_TYPES = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16"}
+
+
+def gpt2_folder(quick: bool) -> tuple[str, int]:
+    """A random GPT-2 (small, or tiny with --quick) saved with a word-level tokenizer: (folder, vocab size)."""
+    from tokenizers import Tokenizer, models
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=1024, n_layer=2, n_embd=64, n_head=4, n_positions=1024,
+                     bos_token_id=1023, eos_token_id=1023) if quick else GPT2Config()
+    folder = tempfile.mkdtemp(prefix="vs_ct2_")
+    GPT2LMHeadModel(cfg).eval().save_pretrained(folder)
+    end = f"t{cfg.eos_token_id}"
+    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(cfg.vocab_size)}, unk_token=end))
+    PreTrainedTokenizerFast(tokenizer_object=words, bos_token=end, eos_token=end, unk_token=end).save_pretrained(folder)
+    return folder, cfg.vocab_size
+
+
+def generation_flops(nonembed: int, n_layers: int, dim: int, vocab: int, prompt: int, new: int) -> float:
+    """One sequence: 2 N T + 2 L T^2 d for the prompt (causal QK^T and AV) and its last row's LM head, then per output
+    token at position p: 2 N + 4 L d p + 2 d V."""
+    pre = 2 * nonembed * prompt + 2 * n_layers * prompt * prompt * dim + 2 * dim * vocab
+    return pre + sum(2 * nonembed + 4 * n_layers * dim * p + 2 * dim * vocab for p in range(prompt, prompt + new - 1))
+
+
+def ct2_side(ct2_dir: str, dtype: str, threads: int):
+    """CTranslate2's generator in ``dtype``: fn(prompts, n) -> token ids of each continuation."""
+    import ctranslate2
+
+    gen = ctranslate2.Generator(ct2_dir, device="cpu", compute_type=CT2_TYPES[dtype], intra_threads=threads,
+                                inter_threads=1)
+
+    def run(prompts: list[list[int]], n: int) -> list[list[int]]:
+        out = gen.generate_batch([[f"t{i}" for i in p] for p in prompts], max_length=n, min_length=n, sampling_topk=1,
+                                 include_prompt_in_result=False, max_batch_size=0)
+        ids = [r.sequences_ids[0] for r in out]
+        if any(len(s) != n for s in ids):
+            raise RuntimeError(f"CTranslate2 returned {sorted({len(s) for s in ids})} tokens, not {n}: its max_length "
+                               "semantics differ from this benchmark's assumption")
+        return ids
+    return run
+
+
+def attnlab_side(model):
+    def run(prompts: list[list[int]], n: int) -> list[list[int]]:
+        return [c.tokens for c in generate(model, prompts, n).completions]
+    return run
+
+
+def measure(args, dtypes: list[str]) -> dict:
+    from ctranslate2.converters import TransformersConverter
+
+    folder, vocab = gpt2_folder(args.quick)
+    ct2_dir = str(Path(tempfile.mkdtemp(prefix="vs_ct2_out_")) / "model")
+    TransformersConverter(folder).convert(ct2_dir, force=True)
+    base, cfg, _, _ = load_hf(folder)
+    g = torch.Generator().manual_seed(1)
+    short = 128 if args.quick else 512
+    single = [torch.randint(0, vocab, (short,), generator=g).tolist()]
+    batches = {B: [torch.randint(0, vocab, (128,), generator=g).tolist() for _ in range(B)] for B in args.batches}
+    n, new = args.new_tokens, args.batch_new_tokens
+    nonembed = sum(p.numel() for name, p in base.named_parameters() if "tok_emb" not in name and "pos_enc" not in name)
+
+    sides, bytes_per_token = {}, {}
+    for dt in dtypes:
+        one = set_precision(copy.deepcopy(base), dt, rows=1)
+        bytes_per_token[dt] = decode_bytes_per_token(one)
+        sides[(dt, "attnlab", 1)] = attnlab_side(one)
+        for B in args.batches:
+            sides[(dt, "attnlab", B)] = attnlab_side(set_precision(copy.deepcopy(base), dt, rows=min(B, 16),
+                                                                   varying=True))
+        ct2 = ct2_side(ct2_dir, dt, args.threads)
+        sides[(dt, "ctranslate2", 1)] = ct2
+        for B in args.batches:
+            sides[(dt, "ctranslate2", B)] = ct2
+    calls = {1: [(single, 1), (single, n)], **{B: [(batches[B], new)] for B in args.batches}}
+    for (dt, lib, B), fn in sides.items():  # warm-up: every side, every call shape it is timed on
+        for prompts, k in calls[B]:
+            fn(prompts, k)
+    times = {key: [] for key in sides}
+    tokens = {}
+    rounds = args.rounds
+    for r in range(rounds):
+        for key in round_order(list(sides), r):
+            dt, lib, B = key
+            if B == 1:
+                t1, _ = timed_call(lambda: sides[key](single, 1))
+                tn, tokens[key] = timed_call(lambda: sides[key](single, n))
+                times[key].append((t1, (tn - t1) / (n - 1)))
+            else:
+                tb, _ = timed_call(lambda: sides[key](batches[B], new))
+                times[key].append(tb)
+        print(f"round {r + 1}/{rounds} done", flush=True)
+    return {"times": times, "tokens": tokens, "bytes_per_token": bytes_per_token, "nonembed": nonembed, "cfg": cfg,
+            "vocab": vocab, "short": short, "n": n, "new": new}
+
+
+def summarize_rows(m: dict, dtypes: list[str], batches: list[int], peak: float, bandwidth: float) -> dict:
+    times, cfg = m["times"], m["cfg"]
+    rows = {}
+    for dt in dtypes:
+        ours, theirs = times[(dt, "attnlab", 1)], times[(dt, "ctranslate2", 1)]
+        bound = m["bytes_per_token"][dt] / bandwidth
+        for what, i in (("ttft", 0), ("decode", 1)):
+            a, c = [x[i] for x in ours], [x[i] for x in theirs]
+            row = rows[f"{what}_{m['short']}_{dt}"] = {
+                "attnlab_ms": 1e3 * statistics.median(a), "ctranslate2_ms": 1e3 * statistics.median(c),
+                "attnlab_ms_range": [1e3 * min(a), 1e3 * max(a)], "ctranslate2_ms_range": [1e3 * min(c), 1e3 * max(c)],
+                "attnlab_speedup": round_ratios(c, a)}  # CTranslate2's time over attnlab's, per round
+            if what == "decode":
+                row["bandwidth_bound_ms"] = 1e3 * bound
+                row["attnlab_share_of_bound"] = bound / statistics.median(a)
+                row["ctranslate2_share_of_bound"] = bound / statistics.median(c)
+        flops_per_seq = generation_flops(m["nonembed"], cfg.n_layers, cfg.dim, m["vocab"], 128, m["new"])
+        for B in batches:
+            a, c = times[(dt, "attnlab", B)], times[(dt, "ctranslate2", B)]
+            out_tokens = B * m["new"]
+            rows[f"batch_{B}_{dt}"] = {
+                "attnlab_tok_per_s": out_tokens / statistics.median(a),
+                "ctranslate2_tok_per_s": out_tokens / statistics.median(c),
+                "attnlab_s": summarize(a), "ctranslate2_s": summarize(c),
+                "attnlab_speedup": round_ratios(c, a),
+                "attnlab_share_of_peak": B * flops_per_seq / statistics.median(a) / peak,
+                "ctranslate2_share_of_peak": B * flops_per_seq / statistics.median(c) / peak}
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--new-tokens", type=int, default=32, help="decode tokens timed after the batch-1 prompt")
+    ap.add_argument("--batch-new-tokens", type=int, default=64)
+    ap.add_argument("--batches", default="16,64")
+    ap.add_argument("--dtypes", help="comma-separated from fp32,int8,bf16 (default: fp32, and int8 and bf16 where "
+                                     "attnlab.runtime finds bf16 native)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: a tiny GPT-2, 2 rounds, few tokens")
+    ap.add_argument("--out", default="benchmarks/results/vs_ctranslate2.json")
+    args = ap.parse_args()
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        raise SystemExit("CTranslate2 is not installed: python -m pip install -e '.[bench]'") from None
+    if args.quick:
+        args.rounds, args.new_tokens, args.batch_new_tokens, args.batches = 2, 4, 8, "4"
+    args.batches = [int(b) for b in args.batches.split(",")]
+    set_threads(args.threads)
+    native = fast_dtypes("cpu")
+    dtypes = [d.strip() for d in args.dtypes.split(",")] if args.dtypes else [d for d in ("fp32", "int8") if d in native]
+    peak0, bw0 = matmul_peak_flops(), memory_bandwidth()
+    m = measure(args, dtypes)
+    peak1, bw1 = matmul_peak_flops(), memory_bandwidth()
+    peak, bw = max(peak0, peak1), max(bw0, bw1)  # the bound: the best the machine showed in this run
+    rows = summarize_rows(m, dtypes, args.batches, peak, bw)
+    fp32_same = m["tokens"][("fp32", "attnlab", 1)] == m["tokens"][("fp32", "ctranslate2", 1)]
+    targets = {f"{name}_ge_1.3x_ctranslate2": row["attnlab_speedup"]["median"] >= 1.3 for name, row in rows.items()}
+    targets.update({f"{name}_ge_70pct_of_peak": row["attnlab_share_of_peak"] >= 0.7
+                    for name, row in rows.items() if name.startswith("batch_")})
+    targets.update({f"{name}_ge_90pct_of_bandwidth_bound": row["attnlab_share_of_bound"] >= 0.9
+                    for name, row in rows.items() if name.startswith("decode_")})
+    import ctranslate2
+
+    out = {"benchmark": "vs_ctranslate2", "context": context(), "ctranslate2": ctranslate2.__version__,
+           "quick": args.quick, "rounds": args.rounds, "threads": args.threads, "dtypes": dtypes,
+           "clock": "time.perf_counter() read by the benchmark around each whole call, on both sides",
+           "order": "sides alternate each round (forward, then reversed)",
+           "calibration": {"matmul_peak_flops": [peak0, peak1], "bandwidth_bytes_per_s": [bw0, bw1]},
+           "greedy_tokens_identical_fp32": fp32_same, "rows": rows, "targets": targets}
+    for name, row in rows.items():
+        s = row["attnlab_speedup"]
+        print(f"{name}: attnlab {s['median']:.2f}x CTranslate2 (rounds {s['min']:.2f}-{s['max']:.2f})")
+    print("greedy tokens identical in fp32:", fp32_same)
+    print("targets:", targets)
+    write_json(args.out, out)
+
+
+if __name__ == "__main__":
+    main()
