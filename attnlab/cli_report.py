@@ -14,19 +14,24 @@ DEFAULT_EST_S = 60.0  # an experiment that declares no EST_S and has no earlier 
 
 
 def _estimates(scale: str, only, previous: Path) -> dict[int, float]:
-    """Seconds each chosen claim is expected to take: its time in the last report written to the same folder at the
-    same scale, else the module's EST_S for the scale."""
+    """Seconds each chosen claim is expected to take (and the training stage, as step 0, when a chosen claim trains
+    models): its time in the last report written to the same folder at the same scale, else the module's EST_S
+    (TRAIN_EST_S summed over the chosen claims, for the stage) for the scale."""
     from attnlab.experiments import registry
 
-    before = {}
+    before, stage_before = {}, None
     try:
         old = json.loads(previous.read_text())
         if old.get("scale") == scale:
             before = {c["id"]: c["elapsed_s"] for c in old["claims"] if c.get("elapsed_s")}
-    except (OSError, ValueError, KeyError, TypeError):
+            stage_before = (old.get("training") or {}).get("s")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    return {i: before.get(i) or e.est_s.get(scale, DEFAULT_EST_S) for i, e in sorted(registry().items())
-            if not only or i in only}
+    chosen = {i: e for i, e in sorted(registry().items()) if not only or i in only}
+    stage = sum(e.train_est_s.get(scale, 0) for e in chosen.values())
+    out = {0: stage_before or stage} if stage else {}
+    out.update({i: before.get(i) or e.est_s.get(scale, DEFAULT_EST_S) for i, e in chosen.items()})
+    return out
 
 
 class ReportProgress:

@@ -116,11 +116,13 @@ def test_e01():
 
 
 # --- claim 2: utilisation with a spread, every clause, equal sizes -------------------------------------------------
-def _e02_round(t_range, loop_range, fused_range=(0.2, 0.3), lstm_params=3.3e6, top=None, step_share=0.3):
+def _e02_round(t_range, loop_range, fused_range=(0.2, 0.3), lstm_params=3.3e6, top=None, step_share=0.3, spike=0.0):
+    """Middle halves as given; the full ranges ``spike`` wider on each side."""
     rows = []
     for T in (64, 256):
         for name, (lo, hi) in (("transformer", t_range), ("lstm (loop)", loop_range), ("lstm (fused)", fused_range)):
-            rows.append({"model": name, "n": T, "share_of_peak": top or (lo + hi) / 2, "share_low": lo, "share_high": hi})
+            rows.append({"model": name, "n": T, "share_of_peak": top or (lo + hi) / 2, "share_low": lo, "share_high": hi,
+                         "share_min": lo - spike, "share_max": hi + spike})
     return {"lengths": [64, 256], "params": {"transformer": 3.2e6, "lstm (loop)": lstm_params, "lstm (fused)": lstm_params},
             "rows": rows, "step_matmul_share": step_share}
 
@@ -148,6 +150,15 @@ def test_e02():
     m = _e02((0.35, 0.37), (0.02, 0.03))
     m["rounds"][1] = _e02_round((0.02, 0.03), (0.15, 0.17))
     assert _check("e02_parallel_idle", m, INCONCLUSIVE).qualifier == UNSTABLE
+    # one stray step widens the full range (the old threshold's spread) but not the middle half: shown beside it
+    m = _e02((0.35, 0.37), (0.02, 0.03), (0.2, 0.3), spike=0.1)
+    d = _check("e02_parallel_idle", m, SUPPORTED)
+    assert e02.decide_full_range(m).verdict == INCONCLUSIVE
+    assert any("old threshold" in r and INCONCLUSIVE in r for r in d.reasons)
+    for rnd in m["rounds"]:  # a run from before the change recorded no full range apart: nothing to show
+        for r in rnd["rows"]:
+            del r["share_min"], r["share_max"]
+    assert e02.decide_full_range(m) is None
 
 
 # --- claim 3: float64 gradients and recall, per seed ----------------------------------------------------------------

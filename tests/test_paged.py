@@ -8,7 +8,7 @@ from attnlab.engine.generate import generate
 from attnlab.engine.request import CANCELLED, Request, RequestError, Sequence
 from attnlab.engine.sampling import SamplingParams
 from attnlab.models import build_model
-from attnlab.models.paged import OutOfBlocks
+from attnlab.models.block_pool import OutOfBlocks
 from conftest import tiny
 
 
@@ -90,7 +90,7 @@ def test_the_prefix_cache_is_shared_only_under_the_same_salt():
 
 
 def test_block_keys_chain_cryptographically_and_a_match_checks_the_parent():
-    from attnlab.models.paged import block_key, root_key
+    from attnlab.models.block_pool import block_key, root_key
 
     a, b = root_key("x"), root_key("y")
     assert a != b and len(a) == 16 and root_key("") == root_key()
@@ -220,7 +220,7 @@ def test_a_pool_full_of_cached_prefixes_still_gives_a_sequence_a_run_of_blocks()
     """Once every free block holds a cached prefix (a long-lived server), a new sequence takes a run of them, read
     as a view, not the oldest blocks scattered over the pool, which would be gathered block by block at every
     layer of every step; its outputs are those of the contiguous cache."""
-    from attnlab.models.paged import block_key, root_key
+    from attnlab.models.block_pool import block_key, root_key
 
     model = _model()
     pool = model.new_pool(n_blocks=12, block_size=4)

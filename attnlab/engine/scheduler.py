@@ -33,7 +33,7 @@ import torch
 
 from attnlab.engine.request import Event, Sequence
 from attnlab.engine.sampling import greedy_rows, sample
-from attnlab.models.paged import OutOfBlocks
+from attnlab.models.block_pool import OutOfBlocks
 
 
 class SequenceFault(Exception):

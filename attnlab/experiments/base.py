@@ -85,6 +85,8 @@ class Experiment:
     source: str = ""
     regime: str = ""  # the module's REGIME: where the claim applies, stated before measuring
     est_s: dict = field(default_factory=dict)  # the module's EST_S: {"quick": s, "full": s}, for the progress bar
+    training: Callable | None = None  # training(scale, device) -> {key: task}: its models, for the training stage
+    train_est_s: dict = field(default_factory=dict)  # the module's TRAIN_EST_S: its share of the stage, in seconds
 
 
 @dataclass

@@ -70,7 +70,8 @@ GRADIENT_FAMILIES = {"transformer": {}, "lstm": dict(family="lstm"), "gru": dict
 RECALL_FAMILIES = {"quick": ("transformer", "lstm", "linear"),
                    "full": ("transformer", "lstm", "gru", "rnn", "ssm", "linear")}
 RECURRENT = ("rnn", "lstm", "gru")
-EST_S = {"quick": 60, "full": 900}
+EST_S = {"quick": 2, "full": 60}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
+TRAIN_EST_S = {"quick": 30, "full": 1000}  # this claim's share of the training stage (training.py), in seconds
 MARGIN = 0.05  # recall: the transformer ahead (or behind) by more than this to count; far half within this of near
 LEARNED = 0.5  # the REGIME: best family's accuracy at the smallest pair count
 SEEDS = {"quick": (0,), "full": (0, 1, 2)}  # gradient initialisations; recall trains recall.SETUPS[scale].seeds
@@ -90,12 +91,17 @@ def _grad_profile(kw, T, dists, device, seed=0):
     return [float(norms[T - 1 - d]) for d in dists]
 
 
+def training(scale: str, device: str) -> dict:
+    """The recall models this claim compares, for the report's training stage (training.py)."""
+    return recall.tasks(RECALL_FAMILIES[scale], scale, device)
+
+
 def measure(scale: str, device: str) -> dict:
     T = 64 if scale == "quick" else 256
     dists = [d for d in (1, 2, 4, 8, 16, 32, 63, 128, 255) if d < T]
     grads = [{name: _grad_profile(kw, T, dists, device, seed) for name, kw in GRADIENT_FAMILIES.items()}
              for seed in SEEDS[scale]]
-    recall.prefetch(RECALL_FAMILIES[scale], scale, device)  # all runs of the sweep share the cores
+    recall.prefetch(RECALL_FAMILIES[scale], scale, device)  # done by the training stage, unless run alone
     return {"distances": dists, "grad_dtype": "float64", "grad_norms": grads[0], "grad_norms_by_seed": grads,
             "recall_setup": recall.setup_dict(scale),
             "recall": {name: recall.summary(name, scale, device) for name in RECALL_FAMILIES[scale]}}

@@ -5,7 +5,6 @@ windows' length over the training batches' length (>= 4), and each compared mode
 training length (perplexity below the held-out bytes' unigram perplexity, i.e. more than letter frequencies).
 """
 import copy
-import dataclasses
 import math
 
 import torch
@@ -14,7 +13,7 @@ from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.tasks import make_task
 from attnlab.experiments.base import (Decision, Outcome, Plot, Series, condition, in_regime, mean, over_repeats, spread,
                                       verdict)
-from attnlab.experiments.workers import map_runs, workers_for
+from attnlab.experiments.training import FILLER, Job, run_tasks, workers_for
 from attnlab.models import build_model
 from attnlab.models.positional import Rope
 from attnlab.train import evaluate, train_in_memory
@@ -79,7 +78,8 @@ CHANGES = [
              "vs rope 3.01: each clause holds on that seed, so supported under both wordings. Verdict after: the "
              "next full run.")},
 ]
-EST_S = {"quick": 30, "full": 600}  # seconds on a 2-core CPU: the report's progress estimate
+EST_S = {"quick": 5, "full": 60}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
+TRAIN_EST_S = {"quick": 15, "full": 350}  # this claim's share of the training stage (training.py), in seconds
 SEEDS = {"quick": (0,), "full": (0, 1, 2)}
 MARGIN = 0.1  # a perplexity ratio below (1 - MARGIN) x the one it is compared with, or above (1 + MARGIN) x, counts
 MIN_MULT = 4  # the REGIME: test lengths at least this many times the trained length
@@ -99,23 +99,44 @@ def _train(pos, task, cfg_t, L, device, seed):
 
 
 def _train_job(pos: str, cfg_t: TrainConfig, L: int, seed: int, device: str) -> dict:
-    """One run, as a worker process runs it (workers.py; CPU only): the weights as plain tensors."""
+    """One run, as the training stage runs it (training.py): the weights as plain tensors."""
     model = _train(pos, make_task(cfg_t), cfg_t, L, device, seed)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _trained(jobs: list, cfg_of, L: int, device: str) -> list:
-    """Models for [(pos, seed)], side by side in worker processes on the CPU, else one after another here."""
-    workers = workers_for(device)
-    if workers <= 1:
-        return [_train(pos, make_task(cfg_of(seed)), cfg_of(seed), L, device, seed) for pos, seed in jobs]
+def _train_cfg(scale: str, seed: int) -> TrainConfig:
+    L, steps = (64, 250) if scale == "quick" else (128, 700)
+    return TrainConfig(seq_len=L, batch_size=16, steps=steps, warmup_steps=steps // 10, lr=3e-3, eval_batches=4,
+                       corpus_max_bytes=3_000_000, seed=seed)
+
+
+def _runs(scale: str) -> list[tuple[str, int]]:
+    """[(encoding, seed)]: every encoding on the first seed, the compared ones on the others."""
+    seeds = SEEDS[scale]
+    return [(pos, seed) for seed in seeds for pos in (TRAINED[scale] if seed == seeds[0] else COMPARED)]
+
+
+_CACHE: dict = {}  # (scale, device) -> [((encoding, seed), model)], filled by _models
+
+
+def _models(scale: str, device: str):
+    """The training-stage task (training.py) that trains every run of ``_runs``."""
+    cfg = lambda seed: _train_cfg(scale, seed)
+    runs = _runs(scale)
+    weights = yield [Job(_train_job, (pos, cfg(seed), cfg(seed).seq_len, seed, str(device)), FILLER)
+                     for pos, seed in runs]
     models = []
-    runs = [(pos, cfg_of(seed), L, seed, str(device)) for pos, seed in jobs]
-    for (pos, _), weights in zip(jobs, map_runs(_train_job, runs, workers)):
-        model = build_model(_model_cfg(pos, L), device)
-        model.load_state_dict(weights)
-        models.append(model.eval())
-    return models
+    for (pos, seed), w in zip(runs, weights):
+        model = build_model(_model_cfg(pos, cfg(seed).seq_len), device)
+        model.load_state_dict(w)
+        models.append(((pos, seed), model.eval()))
+    _CACHE[(scale, str(device))] = models
+
+
+def training(scale: str, device: str) -> dict:
+    """This claim's models, for the report's training stage (training.py)."""
+    key = (scale, str(device))
+    return {} if key in _CACHE else {("extrapolation",) + key: _models(scale, device)}
 
 
 def _scaled(model, kind, factor, device):
@@ -129,17 +150,15 @@ MULTS = [1, 2, 4, 8]
 
 
 def measure(scale: str, device: str) -> dict:
-    L, steps = (64, 250) if scale == "quick" else (128, 700)
-    cfg_t = TrainConfig(seq_len=L, batch_size=16, steps=steps, warmup_steps=steps // 10, lr=3e-3, eval_batches=4,
-                        corpus_max_bytes=3_000_000)
+    seeds = SEEDS[scale]
+    cfg_t = _train_cfg(scale, seeds[0])
+    L, steps = cfg_t.seq_len, cfg_t.steps
     task = make_task(cfg_t)
     evals = {m: task.eval_batches(L * m) for m in MULTS}  # the same held-out windows for every seed
     ppl_of = lambda model, m: math.exp(evaluate(model, evals[m], device)["val_loss"])
-    seeds = SEEDS[scale]
-    cfg_of = lambda seed: cfg_t if seed == seeds[0] else dataclasses.replace(cfg_t, seed=seed)
-    jobs = [(pos, seed) for seed in seeds for pos in (TRAINED[scale] if seed == seeds[0] else COMPARED)]
+    run_tasks(training(scale, device).values(), workers_for(device))  # done by the training stage, unless run alone
     ppl, by_seed, at_L = {}, {pos: [] for pos in COMPARED + SCALED}, {pos: [] for pos in COMPARED}
-    for (pos, seed), model in zip(jobs, _trained(jobs, cfg_of, L, device)):
+    for (pos, seed), model in _CACHE[(scale, str(device))]:
         p = [ppl_of(model, m) if (pos != "learned" or m == 1) else None for m in MULTS]
         if pos in COMPARED:
             by_seed[pos].append(p[2] / p[0])

@@ -69,7 +69,8 @@ REMEDIES = ("sliding", "block_sparse", "linear", "ssm")
 RECALL_MODELS = {"quick": ("transformer", "sliding", "linear"), "full": ("transformer",) + REMEDIES}
 # The lowest exponent each kernel can physically show at long n (its asymptotic growth, less noise).
 LOWEST = {"sdpa": 1.0, "flash": 1.0, "sliding": 0.5, "block_sparse": 1.0, "linear": 0.5, "ssm": 0.5}
-EST_S = {"quick": 45, "full": 600}
+EST_S = {"quick": 3, "full": 60}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
+TRAIN_EST_S = {"quick": 10, "full": 350}  # this claim's share of the training stage (training.py), in seconds
 WINDOW = recall.FAMILIES["sliding"]["window"]  # the recall model's window: the one timed
 RECALL_MARGIN, LEARNED, MIN_N_PER_WINDOW = 0.05, 0.9, 32
 
@@ -104,13 +105,18 @@ def _times(lens, device, repeats, warmup=1, H=4, D=64):
     return out, spreads
 
 
+def training(scale: str, device: str) -> dict:
+    """The recall models this claim compares, for the report's training stage (training.py)."""
+    return recall.tasks(RECALL_MODELS[scale], scale, device)
+
+
 def measure(scale: str, device: str) -> dict:
     lens = [512, 1024, 2048] if scale == "quick" else [1024, 2048, 4096, 8192, 16384]
     rounds = max(1, recall.SETUPS[scale].seeds)  # one timing round per recall seed: a repetition is one of each
     timed = [_times(lens, device, 3 if scale == "quick" else 2, warmup=1 if r == 0 else 0) for r in range(rounds)]
     med = lambda xs: sorted(xs)[len(xs) // 2]
     times = {k: [med([t[0][k][i] for t in timed]) for i in range(len(lens))] for k in timed[0][0]}
-    recall.prefetch(RECALL_MODELS[scale], scale, device)  # all runs of the sweep share the cores
+    recall.prefetch(RECALL_MODELS[scale], scale, device)  # done by the training stage, unless run alone
     return {"lengths": lens, "window": WINDOW, "times_s": times, "times_s_by_round": [t[0] for t in timed],
             "time_range_s_by_round": [t[1] for t in timed],
             "pairs_scored": {T: {"causal": T * (T + 1) // 2, "block_sparse": pairs_scored(T, default_block(T))}

@@ -10,23 +10,20 @@ be chosen: past it the pass is no longer nearly free, the claim's premise, on th
 """
 import copy
 import time
-from dataclasses import replace
 
 import torch
 
-from attnlab.config import ModelConfig, TrainConfig
-from attnlab.data.tasks import make_task
+from attnlab.config import ModelConfig
 from attnlab.engine import generate
 from attnlab.engine.generate import sample_continuations
 from attnlab.engine.quantize import set_precision
 from attnlab.engine.speculative import speculative_generate
-from attnlab.errors import ConfigError
+from attnlab.experiments import speculative_models
+from attnlab.experiments.speculative_models import GROW_STEPS, GROWN_STEPS
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, in_regime, over_repeats,
                                       verdict)
 from attnlab.models import build_model
-from attnlab.models.grow import grow_width
-from attnlab.runtime import bf16_trains_faster, memory_bandwidth, synchronize
-from attnlab.train import evaluate, train_in_memory
+from attnlab.runtime import memory_bandwidth, synchronize
 
 TITLE = "Speculative decoding"
 CLAIM = "A small draft proposing k tokens that the target verifies in one parallel pass speeds up decoding, with identical greedy output."
@@ -118,14 +115,20 @@ CHANGES = [
              "read 1.40 and 1.515 on two measurements, so a step compared with a bandwidth or a one-row step taken "
              "at another time measured the host's drift as much as the target. Verdict before: inconclusive (regime "
              "not reached, above). Verdict after: the next full run.")},
+    {"date": "2026-12-03", "what": "method: the target trained in the report's training stage, on one thread",
+     "old": "the narrow model and the grown target trained inside the claim, on the report's threads (2 here)",
+     "new": ("the same training as one job of the report's training stage (experiments/training.py): a worker process "
+             "of one thread, beside the other claims' models, before any claim is timed; drafts, tuning and the "
+             "held-out rounds unchanged, in the claim"),
+     "why": ("Issue 29: the full report must fit in an hour on 2 cores, and the claims' training left a core idle "
+             "whenever one claim's last run or a two-thread run of a small model (which gains 1.0-1.9x from the second "
+             "thread) held the machine. The same recipe on one thread sums in another order, so the target differs in "
+             "its last bits. Verdict before: supported (reference 51ff1f2); after: the next full run.")},
 ]
-EST_S = {"quick": 45, "full": 760}  # seconds on a 2-core CPU: the report's progress estimate
+EST_S = {"quick": 5, "full": 320}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
+TRAIN_EST_S = {"quick": 5, "full": 350}  # this claim's share of the training stage (training.py), in seconds
 
 GOOD, BREAK_EVEN = 1.2, 1.0  # the THRESHOLD above, as numbers
-# The target is trained narrow (a third of its width, a ninth of its training cost per token), grown to full width
-# (Net2WiderNet: the same function) and trained on: a model with the full target's weight traffic per decoded token
-# that has learned the corpus, for a fraction of training the full width from scratch (CHANGES 2026-12-03).
-GROW_STEPS, GROWN_STEPS, NARROW_LR, GROWN_LR, GROW_NOISE = 400, 30, 2e-3, 3e-4, 0.01
 SETUPS = {
     "quick": dict(target=ModelConfig(dim=192, n_layers=4, n_heads=6, max_seq_len=256), grow=3, steps=30, grown_steps=5,
                   samples=32,
@@ -141,67 +144,9 @@ SETUPS = {
 }
 
 
-def narrow_config(s: dict) -> ModelConfig:
-    """The model trained first, grown s["grow"] times wider into the target (models/grow.py)."""
-    t, g = s["target"], s["grow"]
-    if t.dim % g or t.n_heads % g or t.n_kv_heads % g or t.hidden_dim % g:
-        raise ConfigError(f"grow={g} must divide the target's dim, heads, key/value heads and MLP width "
-                          f"({t.dim}, {t.n_heads}, {t.n_kv_heads}, {t.hidden_dim})")
-    return replace(t, dim=t.dim // g, n_heads=t.n_heads // g, n_kv_heads=t.n_kv_heads // g, head_dim=t.head_dim,
-                   hidden_dim=t.hidden_dim // g)
-
-
-def _target(s: dict, device: str, clock) -> tuple:
-    """Train the narrow model, grow it into the target, train that briefly: (target, task, the narrow model's
-    TrainConfig, bf16 autocast used, the narrow model's held-out loss)."""
-    amp = bf16_trains_faster(device)
-    tc = TrainConfig(seq_len=s["seq_len"], batch_size=s["batch"], steps=s["steps"], lr=NARROW_LR,
-                     warmup_steps=s["steps"] // 10, corpus_max_bytes=3_000_000)
-    task = make_task(tc)
-    batch = lambda step: tuple(t.to(device) for t in task.batch(step))
-    torch.manual_seed(0)
-    narrow = train_in_memory(build_model(narrow_config(s), device), batch, tc, amp=amp)
-    narrow_loss = evaluate(narrow, task.eval_batches(), device)["val_loss"]
-    clock("train narrow model")
-    grown = grow_width(narrow, s["grow"], noise=GROW_NOISE)
-    assert grown.cfg == s["target"], (grown.cfg, s["target"])
-    gc = replace(tc, steps=s["grown_steps"], lr=GROWN_LR, warmup_steps=max(1, s["grown_steps"] // 10))
-    trained = train_in_memory(grown, lambda step: batch(s["steps"] + step), gc, amp=amp)  # batches not drawn before
-    return trained, task, tc, amp, narrow_loss
-
-
-def _teacher_logits(model, samples: torch.Tensor, amp: bool, chunk: int = 16) -> torch.Tensor:
-    """The target's next-token logits over every sample (kept in bf16, computed once): what the drafts are
-    distilled to."""
-    with torch.inference_mode(), torch.autocast(samples.device.type, dtype=torch.bfloat16, enabled=amp):
-        return torch.cat([model(samples[i:i + chunk, :-1])[0].to(torch.bfloat16)
-                          for i in range(0, len(samples), chunk)])
-
-
-def _train_drafts(s, tc, samples, logits, device) -> dict:
-    def batch(step):  # whole sample sequences, 16 at a time, with the target's logits over them
-        idx = torch.randint(0, len(samples), (16,), generator=torch.Generator().manual_seed(step))
-        return samples[idx, :-1], samples[idx, 1:], logits[idx]
-
-    dtc = TrainConfig(seq_len=samples.shape[1] - 1, batch_size=16, steps=s["draft_steps"], lr=3e-3,
-                      warmup_steps=s["draft_steps"] // 10, corpus_max_bytes=tc.corpus_max_bytes)
-    drafts = {}
-    for name, cfg in s["drafts"].items():
-        torch.manual_seed(0)
-        drafts[name] = set_precision(train_in_memory(build_model(cfg, device), batch, dtc), "fp32")
-    return drafts
-
-
-def _agreement(draft, seqs: list[list[int]], prompt_len: int) -> float:
-    """Teacher-forced: how often the draft's argmax is the target's greedy next token, over the continuations."""
-    device = next(draft.parameters()).device
-    hits = total = 0
-    with torch.inference_mode():
-        for seq in seqs:
-            pred = draft(torch.tensor([seq[:-1]], device=device))[0][0, prompt_len - 1:].argmax(-1)
-            hits += int((pred == torch.tensor(seq[prompt_len:], device=device)).sum())
-            total += len(seq) - prompt_len
-    return hits / max(1, total)
+def training(scale: str, device: str) -> dict:
+    """The target, for the report's training stage (training.py)."""
+    return speculative_models.target_tasks(SETUPS[scale], scale, device)
 
 
 def _step_s(model, prompt: list[int], rows: int, n: int = 15) -> float:
@@ -323,16 +268,18 @@ def _held_out_round(r, plain, target_k, draft, k, prompts, base, new) -> dict:
 def measure(scale: str, device: str) -> dict:
     s = SETUPS[scale]
     clock = _Phases()
-    trained, task, tc, amp, narrow_loss = _target(s, device, clock)
-    val_loss = evaluate(trained, task.eval_batches(), device)["val_loss"]
-    clock("fine-tune grown target")
+    t = speculative_models.target(s, scale, device)
+    clock("target (the training stage's, unless run alone)")
+    clock.spent.update(t["phase_s"])  # the target's training, in the stage or just now
+    trained, task, tc, amp, val_loss = t["model"], t["task"], t["train_config"], t["amp"], t["val_loss"]
     n_target = sum(p.numel() for p in trained.parameters())
     plen, new = s["prompt_len"], s["new"]
     plain = set_precision(copy.deepcopy(trained), "fp32")
     samples = torch.tensor(sample_continuations(plain, task.train_ids, s["samples"], plen, s["sample_new"], seed=1),
                            device=device)
     clock("samples")
-    drafts = _train_drafts(s, tc, samples, _teacher_logits(trained, samples, amp), device)
+    drafts = speculative_models.train_drafts(s, tc, samples, speculative_models.teacher_logits(trained, samples, amp),
+                                             device)
     clock("distil drafts")
     n_drafts = {name: sum(p.numel() for p in d.parameters()) for name, d in drafts.items()}
     # tuning and held-out prompts: disjoint windows of the validation split, alternating
@@ -347,7 +294,7 @@ def measure(scale: str, device: str) -> dict:
     for m in (plain, *layouts.values()):
         generate(m, tuning[0], 8)  # warm-up of each layout, untimed
     clock("layouts")
-    agreement = {name: _agreement(d, [p + c for p, c in zip(tuning, base_tuning)], plen) for name, d in drafts.items()}
+    agreement = {name: speculative_models.agreement(d, [p + c for p, c in zip(tuning, base_tuning)], plen) for name, d in drafts.items()}
     tuned = _tune(plain, layouts, drafts, tuning, base_tuning, new)
     tune_ctx = tuning[0] + base_tuning[0]
     one_row = min((plain, *layouts.values()), key=lambda m: _step_s(m, tune_ctx, 1))  # the faster one-row layout
@@ -368,8 +315,8 @@ def measure(scale: str, device: str) -> dict:
         rounds.append({**_held_out_round(r, plain, layouts[k], draft, k, held, base_held, new), **here})
     bandwidth.append(memory_bandwidth(device=device))
     clock("held-out rounds")
-    grown_from = {"factor": s["grow"], "steps": s["steps"], "val_loss": narrow_loss, "grown_steps": s["grown_steps"],
-                  "params": sum(p.numel() for p in build_model(narrow_config(s), "meta").parameters())}
+    grown_from = {"factor": s["grow"], "steps": s["steps"], "val_loss": t["narrow_loss"], "grown_steps": s["grown_steps"],
+                  "params": sum(p.numel() for p in build_model(speculative_models.narrow_config(s), "meta").parameters())}
     return {"target_params": n_target, "target_val_loss": val_loss, "bf16_autocast": amp, "grown_from": grown_from,
             "draft_params": n_drafts, "steps": s["steps"],
             "draft_steps": s["draft_steps"], "samples": len(samples), "new_tokens": new, "prompt_len": plen,

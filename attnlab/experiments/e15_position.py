@@ -44,9 +44,15 @@ CHANGES = [
     needle.lr_change(
         "not supported in 3 of 3 repetitions (no U: the middle 0-6 points above the worse edge; the fact "
         "next to the question 5-8 points below the fact far from it)"),
+    needle.stage_change("not supported"),
 ]
 EST_S = {"quick": 4, "full": 25}
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def training(scale: str, device: str) -> dict:
+    """The shared needle model, for the report's training stage (training.py)."""
+    return needle.training_tasks(scale, device)
 
 
 def measure(scale: str, device: str) -> dict:

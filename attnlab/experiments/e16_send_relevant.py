@@ -60,6 +60,7 @@ CHANGES = [
              "ratio. Prediction and regime unchanged. Verdict before: inconclusive (unstable) (reference 83d7463: "
              "inconclusive, supported, supported); after, on the same data (middle half of its 5 rounds): supported "
              "in all three (5.4-5.8x, 5.7-6.0x, 5.3-5.7x).")},
+    needle.stage_change("supported"),
 ]
 EST_S = {"quick": 8, "full": 25}
 BATCH, ROUNDS = 32, 7
@@ -68,6 +69,11 @@ BATCH, ROUNDS = 32, 7
 def _prefill_s(model, x, device) -> float:
     """Median wall time of one prefill of the whole batch (logits of the last position only, as a server needs)."""
     return timing(lambda: model(x, last_only=True), 3, 1, device=device)["median_s"]
+
+
+def training(scale: str, device: str) -> dict:
+    """The shared needle model, for the report's training stage (training.py)."""
+    return needle.training_tasks(scale, device)
 
 
 def measure(scale: str, device: str) -> dict:

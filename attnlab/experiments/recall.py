@@ -26,7 +26,8 @@ import torch
 
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.synthetic import IGNORE, recall_batch
-from attnlab.experiments.workers import map_runs, workers_for
+from attnlab.experiments import training
+from attnlab.experiments.training import Job
 from attnlab.models import build_model
 from attnlab.train import lm_loss, lr_at, make_optimizer
 
@@ -146,21 +147,9 @@ def accuracy(model, setup: Setup, pairs: int, seed: int, device: str, n: int | N
 
 
 def _train_job(name: str, setup: Setup, lr: float, seed: int, device: str) -> dict:
-    """One training run, as a worker process runs it (workers.py; CPU only): the weights as plain tensors."""
+    """One training run, as the training stage runs it (training.py): the weights as plain tensors."""
     model = train(matched_config(name, setup), setup, lr, seed, device)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def _run_jobs(jobs: list, setup: Setup, device: str, workers: int) -> dict:
-    """{(name, lr, seed): trained model}, side by side in ``workers`` processes on the CPU (see workers.py)."""
-    if workers <= 1 or torch.device(device).type != "cpu":
-        return {j: train(matched_config(j[0], setup), setup, j[1], j[2], device) for j in jobs}
-    out = {}
-    for j, weights in zip(jobs, map_runs(_train_job, [(n, setup, lr, seed, str(device)) for n, lr, seed in jobs], workers)):
-        model = build_model(matched_config(j[0], setup), device)
-        model.load_state_dict(weights)
-        out[j] = model.eval()
-    return out
 
 
 def _validation(model, setup: Setup, device: str) -> float:
@@ -168,34 +157,50 @@ def _validation(model, setup: Setup, device: str) -> float:
     return sum(accuracy(model, setup, p, VALIDATION_SEED, device)["acc"] for p in setup.test_pairs) / len(setup.test_pairs)
 
 
-def prefetch(names, scale: str, device: str, workers: int | None = None) -> None:
-    """Train every family of ``names`` not yet cached: the learning-rate sweep of all of them first, then the
-    extra seeds at each one's best rate, so independent runs can share the cores (see ``_run_jobs``)."""
-    setup = SETUPS[scale]
-    names = [n for n in dict.fromkeys(names) if (n, scale, str(device)) not in _CACHE]
-    if not names:
-        return
-    workers = workers or workers_for(device)
-    # Longest first (the recurrent-state families loop over T), so the last job to start is a short one.
-    order = sorted(names, key=lambda n: n not in ("ssm", "gru", "sliding", "linear"))
-    sweep = _run_jobs([(n, lr, 0) for n in order for lr in setup.lrs], setup, device, workers)
-    val = {n: {lr: _validation(sweep[(n, lr, 0)], setup, device) for lr in setup.lrs} for n in names}
+def _family(name: str, scale: str, device: str):
+    """One family's training as a task of the training stage: each rate of the sweep on seed 0, scored on a
+    validation draw; while the best is at an end of the sweep, one rate past that end (up to ``MAX_EXTEND``); the
+    other seeds at the best rate; then the test, into the cache."""
+    setup, cfg = SETUPS[scale], matched_config(name, SETUPS[scale])
+
+    def runs(todo: list) -> list:  # [(lr, seed)] -> their models, built from the weights the jobs return
+        weights = yield [Job(_train_job, (name, setup, lr, seed, str(device))) for lr, seed in todo]
+        out = []
+        for w in weights:
+            model = build_model(cfg, device)
+            model.load_state_dict(w)
+            out.append(model.eval())
+        return out
+
+    sweep = dict(zip(setup.lrs, (yield from runs([(lr, 0) for lr in setup.lrs]))))
+    val = {lr: _validation(m, setup, device) for lr, m in sweep.items()}
     for _ in range(MAX_EXTEND):  # a best rate at an end of the sweep may only be the best of too narrow a sweep
-        extra = [(n, lr, 0) for n in order for lr in next_rates(val[n])]
+        extra = next_rates(val)
         if not extra:
             break
-        sweep.update(_run_jobs(extra, setup, device, workers))
-        for n, lr, _seed in extra:
-            val[n][lr] = _validation(sweep[(n, lr, 0)], setup, device)
-    best = {n: best_rate(val[n]) for n in names}
-    more = _run_jobs([(n, best[n], s) for n in order for s in range(1, setup.seeds)], setup, device, workers)
-    for n in names:
-        cfg = matched_config(n, setup)
-        seeds = [sweep[(n, best[n], 0)]] + [more[(n, best[n], s)] for s in range(1, setup.seeds)]
-        test = {p: [accuracy(m, setup, p, TEST_SEED, device) for m in seeds] for p in setup.test_pairs}
-        _CACHE[(n, scale, str(device))] = {"params": n_params(seeds[0]), "dim": cfg.dim, "lr_sweep": val[n],
-                                           "best_lr": best[n], "lr_bracketed": bracketed(val[n], best[n]),
-                                           "models": seeds, "test": test, "config": asdict(cfg)}
+        for lr, m in zip(extra, (yield from runs([(lr, 0) for lr in extra]))):
+            sweep[lr], val[lr] = m, _validation(m, setup, device)
+    best = best_rate(val)
+    seeds = [sweep[best]] + (yield from runs([(best, s) for s in range(1, setup.seeds)]))
+    test = {p: [accuracy(m, setup, p, TEST_SEED, device) for m in seeds] for p in setup.test_pairs}
+    _CACHE[(name, scale, str(device))] = {"params": n_params(seeds[0]), "dim": cfg.dim, "lr_sweep": val,
+                                         "best_lr": best, "lr_bracketed": bracketed(val, best), "models": seeds,
+                                         "test": test, "config": asdict(cfg)}
+
+
+def tasks(names, scale: str, device: str) -> dict:
+    """The training-stage tasks (training.py) of every family of ``names`` not yet cached, by a key that claims
+    sharing a family share; the slowest to train first (the recurrent-state families loop over T), so the last jobs
+    to start are short ones."""
+    names = [n for n in dict.fromkeys(names) if (n, scale, str(device)) not in _CACHE]
+    return {("recall", n, scale, str(device)): _family(n, scale, device)
+            for n in sorted(names, key=lambda n: n not in ("ssm", "gru", "sliding", "linear"))}
+
+
+def prefetch(names, scale: str, device: str, workers: int | None = None) -> None:
+    """Train every family of ``names`` not yet cached, side by side (training.run_tasks): the report's training stage
+    has usually done so already."""
+    training.run_tasks(tasks(names, scale, device).values(), workers or training.workers_for(device))
 
 
 def best_rate(val: dict) -> float:

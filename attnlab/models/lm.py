@@ -16,7 +16,8 @@ from attnlab.config import ModelConfig
 from attnlab.models.backbone import Backbone
 from attnlab.models.dropout import Dropout
 from attnlab.models.linear import new_linear_state
-from attnlab.models.paged import BlockPool, PagedKVCache
+from attnlab.models.block_pool import BlockPool
+from attnlab.models.paged import PagedKVCache
 from attnlab.models.positional import build_positional
 from attnlab.models.ssm import new_ssm_state
 from attnlab.models.state import KVCache, RollingKVCache, State
