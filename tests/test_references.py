@@ -83,10 +83,6 @@ def test_every_claim_states_its_regime():
     assert not missing, f"claims without a REGIME (where the claim applies, stated before measuring): {missing}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "reports/cpu-full (51ff1f2) predates the report's training stage (claims 3, 5, 8, 13-16 train their models there) "
-    "and claim 2's middle-half spread; it is regenerated at issue 29's final commit (strict: once it is current, this "
-    "marker must go)"))
 def test_reference_report_matches_the_code_its_claims_run():
     results = json.loads(REFERENCE.read_text())
     assert reference_status(results["context"])["usable"], "the reference report was written from a dirty tree"
