@@ -14,7 +14,7 @@ from attnlab.cli_args import add_config_flags, add_threads, add_weight_dtype, co
 from attnlab.cli_measure import add_measure_commands, warn_if_emulated
 from attnlab.cli_recsys import add_recsys_command
 from attnlab.errors import AttnlabError
-from attnlab.runtime import set_threads
+from attnlab.runtime import launcher_rank, omp_wait_policy_set, set_threads
 from attnlab.serve.config import ServeConfig
 
 
@@ -77,8 +77,6 @@ def _parallel_config(args):
 
 
 def cmd_train(args) -> int:
-    import os
-
     from attnlab.distributed.group import launched
     from attnlab.train import train
 
@@ -91,7 +89,7 @@ def cmd_train(args) -> int:
 
         return launch(args.argv, parallel.nproc, threads=args.threads)
     set_threads(args.threads)
-    rank = int(os.environ.get("RANK", "0"))
+    rank = launcher_rank()
     try:
         summary = train(_model_config(args), _train_config(args), args.out, resume=args.resume,
                         overwrite=args.overwrite, progress=not args.quiet and rank == 0, parallel=parallel)
@@ -197,7 +195,7 @@ def cmd_generate(args) -> int:
 def cmd_serve(args) -> int:
     import os
 
-    if "OMP_WAIT_POLICY" not in os.environ and args.from_command_line:
+    if not omp_wait_policy_set() and args.from_command_line:
         # The engine thread's OpenMP team spins between ops by default, taking the core the HTTP thread needs to
         # stream tokens (docs/serving.md has the measured steps). libgomp reads the policy once, when torch loads
         # it, so the server starts again in a process that has it (the user's own setting, if any, is kept).

@@ -1,6 +1,6 @@
 """``attnlab cost --validate`` (the cost model against the engine on this machine, on cases drawn afresh, every run
 appended to a log) and ``attnlab cost --validate-summary`` (the pass rate over the logged runs); the library parts
-are cost.validate and cost.validation_log."""
+are measure.validate and measure.validation_log."""
 from __future__ import annotations
 
 import json
@@ -17,11 +17,11 @@ from attnlab.runtime import set_threads
 def cost_validate(args) -> int:
     """Draw the cases (``--seed`` or a fresh one), run the validation, write the full results to ``--out`` and
     append the run to ``--runs`` whatever its outcome, a run that fails midway included."""
-    from attnlab.cost import validation_log as log
-    from attnlab.cost.validate import validate
+    from attnlab.measure import validation_log as log
+    from attnlab.measure.validate import validate
     from attnlab.runtime import code_version, machine_context
 
-    set_threads(args.threads or 1)  # one thread unless asked: then the clock is CPU time (see cost.validate)
+    set_threads(args.threads or 1)  # one thread unless asked: then the clock is CPU time (see measure.validate)
     seed = args.seed if args.seed is not None else secrets.randbelow(2 ** 31)
     say = lambda text: print(f"attnlab cost --validate: {text}", file=sys.stderr)  # noqa: E731
     say(f"seed {seed} ({'given' if args.seed is not None else 'fresh'}); every run is appended to {args.runs}")
@@ -74,7 +74,7 @@ def _print_run(res: dict, seed: int, seed_given: bool) -> None:
           f"{p['layers']} layers, {p['batch']} sequences, prompt {p['prompt']}")
     print(f"  run {len(res['calibrations'])} times, before, between and after the cases; each case predicted from "
           "the two around it, at the pace a 150 ms pulse saw beside it")
-    print(f"cases: {len(res['cases'])} drawn from cost.validate.SPACE with seed {seed} "
+    print(f"cases: {len(res['cases'])} drawn from measure.validate.SPACE with seed {seed} "
           f"({'given' if seed_given else 'fresh'}; --seed {seed} draws them again)")
     print(f"\n{'case':36s} {'phase':8s} {'predicted':>11s} {'measured':>11s} {'error':>8s}  calibrations differ")
     for r in res["rows"]:
@@ -103,7 +103,7 @@ def _print_run(res: dict, seed: int, seed_given: bool) -> None:
 def cost_validate_summary(args) -> int:
     """The pass rate over every run in ``--runs``, and by machine the last counted runs and the rule; the line the
     README quotes comes last."""
-    from attnlab.cost import validation_log as log
+    from attnlab.measure import validation_log as log
     from attnlab.runtime import machine_context
 
     set_threads(args.threads or 1)  # the machine key includes the threads a validation would use

@@ -32,7 +32,7 @@ def _fmt(n: float, unit: str = "") -> str:
 
 def cmd_cost(args) -> int:
     from attnlab.cost import Workload, compare, estimate, resolve
-    from attnlab.cost import hardware
+    from attnlab.measure.local import spec
 
     if args.validate or args.validate_summary:
         from attnlab.cli_cost_validate import cost_validate, cost_validate_summary
@@ -54,7 +54,7 @@ def cmd_cost(args) -> int:
                 print(f"  {part:22s} {_fmt(v['short_flops'], 'FLOP'):>14s} -> {_fmt(v['long_flops'], 'FLOP'):>14s}  "
                       f"x{v['factor']:,.1f}")
         return 0
-    hw = hardware.get(args.hardware, refresh=args.refresh)
+    hw = spec(args.hardware, refresh=args.refresh)
     # bf16 is what GPUs serve in; on this machine it is the default only where the CPU runs it natively
     dtype = args.dtype or ("bf16" if hw.name != "local" or native_bf16("cpu") else "fp32")
     res = estimate(arch, Workload(args.prompt_tokens, args.output_tokens, args.batch, dtype), hw,
@@ -141,7 +141,7 @@ def cmd_trace(args) -> int:
     import torch
 
     from attnlab.config import ModelConfig, PRESETS, preset
-    from attnlab.cost.trace import trace
+    from attnlab.measure.trace import trace
     from attnlab.models import build_model
 
     set_threads(args.threads)

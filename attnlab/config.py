@@ -18,6 +18,11 @@ FAMILIES = ("transformer", "rnn", "lstm", "gru", "linear", "ssm")
 RECURRENT_FAMILIES = ("rnn", "lstm", "gru")
 MLPS = ("gelu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
+# The names the model registries answer to (models.attention.KERNELS, models.positional.POSITIONAL); spelled here so
+# that checking a config needs no model code, and a test checks that the registries hold exactly these.
+KERNEL_NAMES = ("naive", "sdpa", "flash", "sliding", "block_sparse")
+POSITIONAL_NAMES = ("none", "sinusoidal", "learned", "rope", "alibi")
+ROPE_SCALINGS = ("linear", "dynamic", "ntk", "llama3")
 TASKS = ("corpus", "copy", "mqar")
 TOKENIZERS = ("byte", "bpe")
 
@@ -68,14 +73,11 @@ class ModelConfig:
     scan: str = "parallel"  # family "ssm": "parallel" (log-depth) or "sequential" (a loop over T)
 
     def __post_init__(self) -> None:
-        from attnlab.models.attention import KERNELS
-        from attnlab.models.positional import POSITIONAL
-
         _choice("family", self.family, FAMILIES)
         _choice("mlp", self.mlp, MLPS)
         _choice("norm", self.norm, NORMS)
-        _choice("pos", self.pos, tuple(POSITIONAL))
-        _choice("kernel", self.kernel, tuple(KERNELS))
+        _choice("pos", self.pos, POSITIONAL_NAMES)
+        _choice("kernel", self.kernel, KERNEL_NAMES)
         _choice("scan", self.scan, ("parallel", "sequential"))
         for name in ("window", "chunk_size", "ssm_state", "ssm_expand"):
             _positive(name, getattr(self, name))
@@ -109,8 +111,6 @@ class ModelConfig:
         if self.pos == "rope" and self.head_dim % 2:
             raise ConfigError(f"pos='rope' needs an even head_dim, got {self.head_dim}")
         if self.rope_scaling is not None:
-            from attnlab.models.positional import ROPE_SCALINGS
-
             if not isinstance(self.rope_scaling, dict) or self.rope_scaling.get("type") not in ROPE_SCALINGS:
                 raise ConfigError(f"rope_scaling={self.rope_scaling!r} needs a 'type' among {', '.join(ROPE_SCALINGS)}")
             if not float(self.rope_scaling.get("factor", 0)) > 0:

@@ -223,45 +223,32 @@ def _kernels_status() -> str:
     return kernels.status()
 
 
-def host_speed(n: int = 1024, repeats: int = 9) -> dict:
-    """This host's fp32 matmul speed now (GFLOP/s, median and best of ``repeats`` after a warm-up), at the threads
-    in force. The shared virtual machines here ran a 2048-square product at 160 to 318 GFLOP/s on different days:
-    a long run records this at its start and end, so its wall time can be read against the host's speed."""
-    import time
+# --- environment settings: read here and nowhere else -------------------------------------------------------------
+def cache_dir() -> Path:
+    """attnlab's cache directory: $ATTNLAB_CACHE, else $XDG_CACHE_HOME/attnlab, else ~/.cache/attnlab."""
+    if os.environ.get("ATTNLAB_CACHE"):
+        return Path(os.environ["ATTNLAB_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnlab"
 
-    a = torch.randn(n, n)
-    a @ a
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        a @ a
-        times.append(time.perf_counter() - t)
-    times.sort()
-    flops = 2 * n ** 3
-    return {"matmul_gflops": flops / times[len(times) // 2] / 1e9, "matmul_gflops_best": flops / times[0] / 1e9,
-            "n": n, "threads": torch.get_num_threads()}
+
+def kernels_enabled() -> bool:
+    """False when ATTNLAB_KERNELS=0: torch's kernels only, attnlab's compiled ones neither built nor loaded."""
+    return os.environ.get("ATTNLAB_KERNELS", "1") != "0"
+
+
+def launcher_rank() -> int:
+    """This process's rank as torchrun (or attnlab's own launcher) set it; 0 when not launched."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def omp_wait_policy_set() -> bool:
+    """Whether the user (or an earlier start) chose OpenMP's wait policy (OMP_WAIT_POLICY)."""
+    return "OMP_WAIT_POLICY" in os.environ
 
 
 def env_api_key() -> str | None:
     """The server's API key from the environment (ATTNLAB_API_KEY), so it need not appear on a command line."""
     return os.environ.get("ATTNLAB_API_KEY") or None
-
-
-def memory_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 5, device: str | torch.device = "cpu") -> float:
-    """Best-of read bandwidth (bytes/s) of a large fp32 sum on ``device``, at the threads in force: what a step that
-    streams its weights once can reach (batch-1 decode: time per token >= weight bytes / this)."""
-    import time
-
-    x = torch.ones(n_bytes // 4, device=device)
-    x.sum()
-    synchronize(device)
-    best = 0.0
-    for _ in range(repeats):
-        t = time.perf_counter()
-        x.sum()
-        synchronize(device)
-        best = max(best, n_bytes / (time.perf_counter() - t))
-    return best
 
 
 def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | torch.device = "cpu") -> dict:
@@ -280,7 +267,7 @@ def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | 
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-__all__ = ["AVX2_ONLY_ENV", "CpuCapabilities", "DEVICES", "DTYPES", "EmulatedDtypeWarning", "check_dtype",
-           "code_version", "cpu_capabilities", "cpu_name", "env_api_key", "fast_dtypes", "host_speed",
-           "machine_context", "memory_bandwidth", "native_bf16", "parse_cpuinfo", "resolve_device", "set_threads",
-           "synchronize"]
+__all__ = ["AVX2_ONLY_ENV", "CpuCapabilities", "DEVICES", "DTYPES", "EmulatedDtypeWarning", "cache_dir",
+           "check_dtype", "code_version", "cpu_capabilities", "cpu_name", "env_api_key", "fast_dtypes",
+           "kernels_enabled", "launcher_rank", "machine_context", "native_bf16", "omp_wait_policy_set",
+           "parse_cpuinfo", "resolve_device", "set_threads", "synchronize"]

@@ -8,9 +8,8 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-
-from attnlab.runtime import cpu_name, machine_context, memory_bandwidth, set_threads
+from attnlab.runtime import cpu_name, machine_context, set_threads
+from attnlab.timing import matmul_peak, memory_bandwidth
 
 __all__ = ["context", "cpu_name", "matmul_peak_flops", "memory_bandwidth", "round_order", "set_threads", "summarize",
            "timed_call", "write_json"]
@@ -35,22 +34,10 @@ def rerun_limited_to_avx2() -> None:
     os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **AVX2_ONLY_ENV})
 
 
-def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
+def matmul_peak_flops() -> float:
     """Best-of fp32 matmul FLOP/s on this machine, now (the 'peak' our figures are shares of), over torch's own
-    product (MKL) and oneDNN's where torch has it: the engine's prefill takes the faster (attnlab.engine.many_rows),
-    and on an AMD EPYC here oneDNN's ran 2.3x MKL's."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    products = [lambda: a @ b]
-    if torch.backends.mkldnn.is_available():
-        products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
-    best = 0.0
-    for product in products:
-        product()
-        for _ in range(repeats):
-            t = time.perf_counter()
-            product()
-            best = max(best, 2 * n ** 3 / (time.perf_counter() - t))
-    return best
+    product (MKL) and oneDNN's where torch has it: the engine's prefill takes the faster (attnlab.engine.many_rows)."""
+    return matmul_peak(seconds=0.3, onednn=True)
 
 
 def context(seed: int = 0, dtype: str = "fp32", device: str = "cpu") -> dict:

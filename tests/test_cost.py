@@ -12,7 +12,7 @@ from attnlab.cost import Workload, compare, estimate, resolve
 from attnlab.cost import hardware
 from attnlab.cost.analytic import crossover_tokens, depth, forward_flops, kv_bytes_per_token, params
 from attnlab.cost.arch import PRESETS, from_hf_config, from_model_config
-from attnlab.cost.trace import trace
+from attnlab.measure.trace import trace
 from attnlab.errors import ConfigError
 from attnlab.models import build_model, count_params
 

@@ -23,7 +23,7 @@ TINY_CALIBRATION = {"widths": (40, 72), "prefill_rows": (12, 36), "decode_rows":
 def tiny_calibration(monkeypatch, tmp_path):
     """The real micro-benchmarks at tiny shapes (seconds), on one thread (on a shared 2-core machine a second
     thread waits for its partner on every tiny kernel), the cache in a temporary folder."""
-    from attnlab.cost import calibrate
+    from attnlab.measure import calibrate
 
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(calibrate, "CALIBRATION", TINY_CALIBRATION)
@@ -35,15 +35,17 @@ def tiny_calibration(monkeypatch, tmp_path):
 
 
 def test_local_hardware_is_measured_and_cached(tiny_calibration):
-    hw = hardware.get("local")
+    from attnlab.measure import local
+
+    hw = local.spec("local")
     assert hw.peak_flops["fp32"] > 0 and hw.bandwidth_bytes_per_s > 0 and hw.op_overhead_s >= 0
     assert hw.micro["shapes"] == TINY_CALIBRATION and hw.micro["dtypes"][0] == "fp32"
     cache = json.loads((tiny_calibration / "hardware-local.json").read_text())
-    assert all(k.endswith(f"|micro-v{hardware.CALIBRATION_VERSION}") for k in cache["entries"])  # old entries unused
-    assert hardware.get("local").peak_flops == hw.peak_flops  # read back from the cache, not re-measured
+    assert all(k.endswith(f"|micro-v{local.CALIBRATION_VERSION}") for k in cache["entries"])  # old entries unused
+    assert local.spec("local").peak_flops == hw.peak_flops  # read back from the cache, not re-measured
     # the cost model's CPU prediction runs on what was measured: every part of both phases, finite and >= 0
     from attnlab.cost import cpu
-    from attnlab.cost.validate import _case, predict
+    from attnlab.measure.validate import _case, predict
 
     pred = predict(_case(48, 2, 2, 10, 2), hw.micro)
     for phase in ("prefill", "decode"):
@@ -54,8 +56,8 @@ def test_local_hardware_is_measured_and_cached(tiny_calibration):
 
 
 def test_calibration_shapes_are_disjoint_from_the_validation_cases():
-    from attnlab.cost import calibrate
-    from attnlab.cost.validate import _case, case_shapes, check_disjoint, draw_cases
+    from attnlab.measure import calibrate
+    from attnlab.measure.validate import _case, case_shapes, check_disjoint, draw_cases
 
     calibration = calibrate.shapes()
     assert len(calibration) > 50
@@ -74,7 +76,7 @@ def test_calibration_shapes_are_disjoint_from_the_validation_cases():
 def test_validation_cases_are_drawn_from_the_stated_space_by_the_seed():
     """The same seed draws the same cases; another seed others; every case lies in SPACE and its budgets, the dtypes
     in turn; over many seeds the draws reach across the space's ranges."""
-    from attnlab.cost.validate import N_CASES, SPACE, _case, draw_cases, in_space, prefill_flops
+    from attnlab.measure.validate import N_CASES, SPACE, _case, draw_cases, in_space, prefill_flops
 
     both = ("fp32", "bf16")
     assert draw_cases(7, both) == draw_cases(7, both)
@@ -100,7 +102,7 @@ def test_validation_cases_are_drawn_from_the_stated_space_by_the_seed():
 
 
 def test_error_arithmetic_and_summary():
-    from attnlab.cost.validate import GOAL, summarize
+    from attnlab.measure.validate import GOAL, summarize
 
     rows = [{"phase": "prefill", "error": e} for e in (0.10, -0.20, 0.05)] + \
            [{"phase": "decode", "error": e} for e in (-0.30, 0.12)]
@@ -114,7 +116,7 @@ def test_error_arithmetic_and_summary():
 
 def _synthetic_micro(flops=1e11, stream=1e10, overhead=1e-5):
     """Calibration figures made up so that every rate is one constant: then a prediction is plain arithmetic."""
-    from attnlab.cost.calibrate import CALIBRATION, elementwise_elements
+    from attnlab.measure.calibrate import CALIBRATION, elementwise_elements
 
     t = lambda s: {"wall": s, "cpu": s, "wall_min": s}  # noqa: E731
     zero = t(0.0)
@@ -136,7 +138,8 @@ def _synthetic_micro(flops=1e11, stream=1e10, overhead=1e-5):
     head = {"head": [[w, r, t(w * V * 4 / stream / 2)] for w in (96, 1280) for r in (1, 8)],
             "sample": [[r, t(r * (V - 32) * 1e-9)] for r in (1, 8)], "sample_floor": [[r, zero] for r in (1, 8)]}
     return {"linear": {"fp32": lin}, "attention": att, "elementwise": {"fp32": ew}, "probe": probe, "head": {"fp32": head},
-            "memory": {"touch_bytes": 1e9, "touch": t(0.1), "read_bytes": 1e9, "read": t(0.1)}, "shapes": CALIBRATION}
+            "memory": {"touch_bytes": 1e9, "touch": t(0.1), "read_bytes": 1e9, "read": t(0.1)}, "shapes": CALIBRATION,
+            "compiled_kernels": False}
 
 
 def test_cpu_prediction_is_the_sum_of_its_parts(monkeypatch):
@@ -166,17 +169,16 @@ def test_cpu_prediction_is_the_sum_of_its_parts(monkeypatch):
     slow = {**micro, "head": {"fp32": {**micro["head"]["fp32"], "head": [[w, r, {k: 8 * v for k, v in s.items()}]
                                                                         for w, r, s in micro["head"]["fp32"]["head"]]}}}
     assert cpu.decode_s(a, 2, 300, slow, "fp32", ops)["head"] == pytest.approx(4 * dec["head"])
-    # bf16 weights: the cache is read at the width set_precision keeps it (bf16 where the decode kernel reads it)
-    from attnlab import kernels
+    # bf16 weights: the cache is read at the width set_precision keeps it (bf16 where the decode kernel reads it,
+    # which the calibration records)
     for table in ("linear", "elementwise", "head"):
         micro[table]["bf16"] = micro[table]["fp32"]
     att = micro["attention"]  # bf16 attention at half fp32's FLOP/s: where the cache is bf16, prefill attends in bf16
     att["prefill"]["bf16"] = [[T, D, {k: 2 * v for k, v in s.items()}] for T, D, s in att["prefill"]["fp32"]]
     att["floor"]["prefill"]["bf16"] = att["floor"]["prefill"]["fp32"]
-    monkeypatch.setattr(kernels, "_state", {"native": None})
     assert cpu.decode_s(a, 2, 300, micro, "bf16", ops)["attention"] == pytest.approx(dec["attention"])
     assert cpu.prefill_s(a, 2, 100, micro, "bf16", ops)["attention"] == pytest.approx(pre["attention"])
-    monkeypatch.setattr(kernels, "_state", {"native": object()})
+    micro["compiled_kernels"] = True
     assert cpu.decode_s(a, 2, 300, micro, "bf16", ops)["attention"] == pytest.approx(dec["attention"] / 2)
     assert cpu.prefill_s(a, 2, 100, micro, "bf16", ops)["attention"] == pytest.approx(2 * pre["attention"])
 
@@ -188,13 +190,15 @@ def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, caps
     from argparse import Namespace
 
     from attnlab.cli_cost_validate import cost_validate
-    from attnlab.cost import validate as v
-    from attnlab.cost import validation_log
+    from attnlab.measure import validate as v
+    from attnlab.measure import validation_log
 
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
     even = {"fp32": 1e-3, "memory": 1e-2, "dispatch": 1e-4}
     micro = {**_synthetic_micro(), "seconds": 0.0, "dtypes": ["fp32"], "pulse": {"wall": even, "cpu": even}}
-    monkeypatch.setattr(hardware, "calibrate", lambda dtypes=None, modules=None: hardware.Hardware(
+    from attnlab.measure import local
+
+    monkeypatch.setattr(local, "calibrate", lambda dtypes=None, modules=None: hardware.Hardware(
         "local", {"fp32": 1e11}, 1e10, 1e10, 1e-5, "test", micro=micro))
     cases = (v._case(128, 2, 4, 64, 1), v._case(256, 3, 4, 100, 2), v._case(128, 2, 4, 64, 1, "bf16"))
     drawn = []
@@ -250,7 +254,7 @@ def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, caps
     failed = validation_log.load(runs)[-1]
     assert len(validation_log.load(runs)) == 3 and failed["met"] is False and "killed" in failed["error"]
     assert failed["median"] is None and runs.read_bytes().startswith(first)
-    from attnlab.cost.calibrate import CALIBRATION
+    from attnlab.measure.calibrate import CALIBRATION
     assert printed["calibration_shapes"]["widths"] == list(CALIBRATION["widths"])
 
 
@@ -258,7 +262,7 @@ def test_stamped_generation_times_decode_apart_from_the_prefill():
     """The decode figure comes from the steps after the first token (both clocks), so a long prompt's prefill
     does not enter it: with the same steps, a 16x longer prompt raises TTFT far more than the decode figure
     (measured: TTFT 3.1x, decode 1.2x)."""
-    from attnlab.cost.engine_timing import stamped_generate, time_generate
+    from attnlab.measure.engine_timing import stamped_generate, time_generate
     from attnlab.engine import generate
 
     cfg = ModelConfig(dim=32, n_layers=2, n_heads=2, vocab_size=64, max_seq_len=1100)
@@ -289,12 +293,12 @@ def test_stamped_generation_times_decode_apart_from_the_prefill():
 def test_a_cancelled_calibration_stops_and_caches_nothing(monkeypatch, tmp_path):
     """``cancel`` (a server's shutdown) stops the micro-benchmarks before their next timed repeat; no spec is saved,
     and the next calibration on the same thread is not stopped by the old event."""
-    from attnlab.cost import calibrate
+    from attnlab.measure import local, micro
 
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
     stop = threading.Event()
     stop.set()
-    with pytest.raises(calibrate.Cancelled):
-        hardware.local(cancel=stop)
+    with pytest.raises(micro.Cancelled):
+        local.local(cancel=stop)
     assert not (tmp_path / "hardware-local.json").exists()
-    assert calibrate._time(lambda: None, repeats=1, warm=0)["wall"] >= 0  # the thread's cancel event was reset
+    assert micro.timed(lambda: None, repeats=1, warm=0)["wall"] >= 0  # the thread's cancel event was reset

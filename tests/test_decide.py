@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from attnlab.experiments.base import (INCONCLUSIVE, NOT_SUPPORTED, REGIME_NOT_REACHED, SUPPORTED, UNSTABLE, Decision,
-                                      clears, condition, in_regime, middle_half, over_repeats)
+                                      clears, condition, in_regime, over_repeats)
+from attnlab.timing import middle_half
 
 
 def _decide(name):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnlab.config import ModelConfig
-from attnlab.cost.trace import trace
+from attnlab.measure.trace import trace
 from attnlab.models import build_model, flash
 from attnlab.models.attention import KERNELS
 from attnlab.models.linear import linear_parallel, linear_recurrent, phi

@@ -1,4 +1,4 @@
-"""The cost validation's run log (cost.validation_log): lines only appended, the pass rate and the 4-of-5 rule on
+"""The cost validation's run log (measure.validation_log): lines only appended, the pass rate and the 4-of-5 rule on
 made-up runs, and the README quoting the rate of the log as committed."""
 import json
 import subprocess
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.cost import validation_log as log
+from attnlab.measure import validation_log as log
 
 ROOT = Path(__file__).resolve().parents[1]
 A = {"cpu": "CPU A", "cpu_capability": "AVX512", "threads": 1}

@@ -82,7 +82,7 @@ def from_hf_config(hf: dict, name: str = "hf") -> Arch:
                     mlp="gelu", norm="layernorm", pos="learned", max_seq_len=hf.get("n_positions", 1024),
                     tie_embeddings=hf.get("tie_word_embeddings", True), qkv_bias=True, out_bias=True, mlp_bias=True,
                     norm_bias=True)
-    from attnlab.models.hf import sliding_window_from_hf  # the loader's reading of the window, shared
+    from attnlab.hf_config import sliding_window_from_hf  # the loader's reading of the window, shared
 
     d, h = hf["hidden_size"], hf["num_attention_heads"]
     # Qwen2 has q/k/v biases and no others, Mistral none, whatever attention_bias says (HF's modeling files)

@@ -1,4 +1,4 @@
-"""Predicted engine times on a CPU, from the micro-benchmarks of ``cost.calibrate`` (a ``local`` spec's ``micro``).
+"""Predicted engine times on a CPU, from the micro-benchmarks of ``attnlab.measure.calibrate`` (a ``local`` spec's ``micro``).
 
 A forward is the sum of what its parts cost when run one after another (a CPU runs them in sequence, each
 limited by its own bottleneck):
@@ -29,6 +29,8 @@ import math
 
 from attnlab.cost.analytic import dtype_bytes, forward_elementwise, params
 from attnlab.cost.arch import Arch
+
+SAMPLE_FLOOR_LOGITS = 32  # the calibration times the sampler over this many logits per row: its dispatch alone
 
 
 def _interp(points: list[tuple[float, float]], x: float, log_y: bool = True) -> float:
@@ -145,8 +147,6 @@ def _head_s(micro: dict, dtype: str, clock: str, a: Arch, rows: int, working_set
 
 def _sampling_s(micro: dict, dtype: str, clock: str, a: Arch, rows: int) -> float:
     """The greedy sampler over ``rows`` x V logits, beyond its dispatch (which the probe's per-op cost carries)."""
-    from attnlab.cost.calibrate import SAMPLE_FLOOR_LOGITS
-
     t = micro["head"][dtype]
     V = micro["shapes"]["head_vocab"]
     floors = dict((r, s[clock]) for r, s in t["sample_floor"])
@@ -157,7 +157,7 @@ def _sampling_s(micro: dict, dtype: str, clock: str, a: Arch, rows: int) -> floa
 def _attention_prefill_flops(micro: dict, clock: str, T: int, D: int, dtype: str) -> float:
     a = micro["attention"]
     H = micro["shapes"]["attention_heads"]
-    kind = attention_dtype(dtype)
+    kind = attention_dtype(dtype, micro)
     floor = _floor(a["floor"]["prefill"][kind], clock)
     table = [(d, t, H * 4 * d * t * (t + 1) / 2 / max(s[clock] - floor, 1e-9)) for t, d, s in a["prefill"][kind]]
     return _interp2(table, D, T)
@@ -207,12 +207,12 @@ def _matrix_params(a: Arch) -> tuple[int, int]:
     return per_layer, a.vocab_size * a.dim
 
 
-def part_kinds(phase: str, dtype: str) -> dict:
+def part_kinds(phase: str, dtype: str, micro: dict) -> dict:
     """Which pace (engine_timing.Pulse) each part of a phase keeps: matrix arithmetic in its dtype (attention in the
     cache's, elementwise kernels on fp32 vector units), streaming from memory, or dispatch."""
     if phase == "prefill":
         return {"overhead": "dispatch", "linear": dtype if dtype in ("fp32", "bf16") else "fp32",
-                "attention": attention_dtype(dtype), "elementwise": "fp32", "head": "memory", "sampling": "fp32", "kv_cache": "memory"}
+                "attention": attention_dtype(dtype, micro), "elementwise": "fp32", "head": "memory", "sampling": "fp32", "kv_cache": "memory"}
     return {"overhead": "dispatch", "linear": "memory", "attention": "memory", "elementwise": "fp32",
             "head": "memory", "sampling": "fp32"}
 
@@ -222,10 +222,10 @@ def pace(calibration_pulse: dict, now_pulse: dict, clock: str) -> dict:
     return {k: now_pulse[clock][k] / calibration_pulse[clock][k] for k in now_pulse[clock]}
 
 
-def at_pace(parts: dict, phase: str, dtype: str, calibration_pulse: dict, now_pulse: dict, clock: str) -> dict:
-    """``parts`` (predicted at the calibration's pace) each scaled by how much slower (> 1) or faster its kind ran
-    now: the ratio of the pulse's medians now and during the calibration (engine_timing.Pulse.medians)."""
-    kinds = part_kinds(phase, dtype)
+def at_pace(parts: dict, phase: str, dtype: str, micro: dict, now_pulse: dict, clock: str) -> dict:
+    """``parts`` (predicted at the pace of the calibration ``micro``) each scaled by how much slower (> 1) or faster
+    its kind ran now: the ratio of the pulse's medians now and during the calibration (engine_timing.Pulse.medians)."""
+    kinds, calibration_pulse = part_kinds(phase, dtype, micro), micro["pulse"]
     out = {k: v * now_pulse[clock][kinds[k]] / calibration_pulse[clock][kinds[k]]
            for k, v in parts.items() if k != "total"}
     out["total"] = sum(out.values())
@@ -240,7 +240,7 @@ def prefill_s(a: Arch, batch: int, T: int, micro: dict, dtype: str, ops: dict, c
     layer_w, head_w = _matrix_params(a)
     nbytes = dtype_bytes(dtype)
     weights = (L * layer_w + head_w) * nbytes
-    kv_touch = 2 * L * batch * a.n_kv_heads * (T + 1) * D * cache_bytes(dtype)  # the fresh cache (set_precision)
+    kv_touch = 2 * L * batch * a.n_kv_heads * (T + 1) * D * cache_bytes(dtype, micro)  # the fresh cache (set_precision)
     mem = micro["memory"]
     touch_bw = mem["touch_bytes"] / mem["touch"][clock]
     parts = {
@@ -259,18 +259,16 @@ def prefill_s(a: Arch, batch: int, T: int, micro: dict, dtype: str, ops: dict, c
     return parts
 
 
-def cache_bytes(dtype: str) -> int:
+def cache_bytes(dtype: str, micro: dict) -> int:
     """Bytes of one cached key element as set_precision keeps the cache on a CPU for the sdpa kernel without ALiBi
     (every validation case; the model predicts nothing else on a CPU): bf16 for bf16 and int8 weights where
-    attnlab's decode attention reads it (its compiled kernels are here), else fp32."""
-    from attnlab import kernels
-
-    return 2 if dtype in ("bf16", "int8") and kernels.native() is not None else 4
+    attnlab's decode attention reads it (its compiled kernels were there when ``micro`` was measured), else fp32."""
+    return 2 if dtype in ("bf16", "int8") and micro["compiled_kernels"] else 4
 
 
-def attention_dtype(dtype: str) -> str:
+def attention_dtype(dtype: str, micro: dict) -> str:
     """The dtype a prefill attends in: the cache's (cache_bytes), which the queries are converted to."""
-    return "bf16" if cache_bytes(dtype) == 2 else "fp32"
+    return "bf16" if cache_bytes(dtype, micro) == 2 else "fp32"
 
 
 def decode_s(a: Arch, batch: int, S: int, micro: dict, dtype: str, ops: dict, clock: str = "wall") -> dict:
@@ -279,7 +277,7 @@ def decode_s(a: Arch, batch: int, S: int, micro: dict, dtype: str, ops: dict, cl
     L, D = a.n_layers, a.head_dim
     layer_w, head_w = _matrix_params(a)
     weights = (L * layer_w + head_w) * dtype_bytes(dtype)
-    kv = L * batch * a.n_kv_heads * (S + 1) * D * 2 * cache_bytes(dtype)  # keys and values read
+    kv = L * batch * a.n_kv_heads * (S + 1) * D * 2 * cache_bytes(dtype, micro)  # keys and values read
     step_bytes = weights + kv  # what one step reads: it decides whether the reads come from cache or from DRAM
     # Each small op runs once per layer: between two runs of the same op (its code, its module's objects) one
     # layer's weights and cache went through the caches, so it dispatches as cold as that (cold_factor). The matmul

@@ -1,19 +1,13 @@
 """Hardware specs for the roofline: peak FLOP/s per dtype, memory bandwidth, memory size, op overhead.
 
-Datasheet figures are dense (no structured sparsity). ``local`` is measured on the spot by micro-benchmarks
-(``cost.calibrate``: matmul throughput per dtype, weight streaming, attention, elementwise kernels, per-op
-overhead, memory bandwidth, all at shapes no validated model uses) and cached in ~/.cache/attnlab/, keyed by
-CPU, thread count, torch version and calibration version.
+Datasheet figures are dense (no structured sparsity). A ``local`` spec is built by ``from_micro`` from the
+micro-benchmarks ``attnlab.measure`` runs (matmul throughput per dtype, weight streaming, attention, elementwise
+kernels, per-op overhead, memory bandwidth); this module only reads them.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-import threading
-import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from attnlab.errors import ConfigError
 
@@ -39,7 +33,7 @@ class Hardware:
     cache_bytes: int | None = None
     cached_gemv_bytes_per_s: float | None = None
     gemv_by_width: dict | None = None  # measured specs: streaming bytes/s of one layer's matrices by width d
-    # Measured specs: every micro-benchmark's figures (cost.calibrate.run), which cost.cpu turns into engine times
+    # Measured specs: every micro-benchmark's figures (measure.calibrate.run), which cost.cpu turns into engine times
     micro: dict | None = None
 
     def flops(self, dtype: str, size: float | None = None) -> float:
@@ -132,32 +126,19 @@ ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "4090": "rtx-4090"}
 NAMES = tuple(SPECS) + ("local",)
 
 
-def _cache_path() -> Path:
-    return Path(os.environ.get("ATTNLAB_CACHE", Path.home() / ".cache" / "attnlab")) / "hardware-local.json"
-
-
-def calibrate(dtypes: tuple[str, ...] | None = None, modules: dict | None = None,
-              cancel: threading.Event | None = None) -> Hardware:
-    """Measure this machine now with the micro-benchmarks of ``cost.calibrate`` (matmul throughput and weight
-    streaming per dtype, attention, elementwise kernels, per-op overhead, memory bandwidth; each at shapes no
-    validated model uses). ``dtypes``: fp32 and whichever of bf16 / int8 this CPU runs natively (runtime.fast_dtypes).
-    The summary fields (peak FLOP/s, bandwidth, ...) are read off the same tables; ``micro`` keeps them whole.
-    ``modules``: matrices kept between calibrations in one process (calibrate.linear_tables). ``cancel``: an Event
-    that stops the measuring early (``calibrate.Cancelled`` is raised; see calibrate.run)."""
-    import torch
-
-    from attnlab.cost import calibrate as cal
+def from_micro(micro: dict, *, ram_bytes: float, cache_bytes: int | None, source: str) -> Hardware:
+    """A measured spec from the calibration's raw figures (``micro``: the micro-benchmarks of
+    ``attnlab.measure.calibrate``): the summary fields (peak FLOP/s per dtype, matmul efficiency by width, weight
+    streaming, elementwise throughput, memory bandwidth, per-op overhead) are read off the same tables, and
+    ``micro`` is kept whole for ``cost.cpu``. Pure: the measuring is ``attnlab.measure.local``'s."""
     from attnlab.cost.cpu import overheads
-    from attnlab.runtime import cpu_name, fast_dtypes
 
-    dtypes = tuple(dtypes or (d for d in fast_dtypes("cpu") if d != "int8"))
-    micro = cal.run(dtypes, modules, cancel)
     lin = micro["linear"]
 
     def above_floor(t, table):
         return max(t["wall"] - table["floor"]["wall"], 1e-9)
 
-    peak = {d: max(24 * m * w * w / above_floor(t, lin[d]) for w, m, t in lin[d]["prefill"]) for d in dtypes}
+    peak = {d: max(24 * m * w * w / above_floor(t, lin[d]) for w, m, t in lin[d]["prefill"]) for d in micro["dtypes"]}
     by_size = {}
     for w, m, t in lin["fp32"]["prefill"]:  # the most rows measured at each width
         by_size[str(w)] = (m, 24 * m * w * w / above_floor(t, lin["fp32"]))
@@ -169,95 +150,20 @@ def calibrate(dtypes: tuple[str, ...] | None = None, modules: dict | None = None
     ew = micro["elementwise"]["fp32"]
     big = max(ew["rows"], key=lambda r: r[2])
     mem = micro["memory"]
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        ram = 16 * GB
     return Hardware(
-        "local", peak, mem["read_bytes"] / mem["read"]["wall"], ram, overheads(micro, "wall")["decode"]["per_op_s"],
-        source=f"measured {time.strftime('%Y-%m-%d %H:%M')} on {cpu_name()}, {torch.get_num_threads()} threads, "
-               f"torch {torch.__version__}, micro-benchmarks v{CALIBRATION_VERSION} ({micro['seconds']:.0f} s)",
-        flops_by_size={k: v for k, (_, v) in by_size.items()},
+        "local", peak, mem["read_bytes"] / mem["read"]["wall"], ram_bytes, overheads(micro, "wall")["decode"]["per_op_s"],
+        source=source, flops_by_size={k: v for k, (_, v) in by_size.items()},
         gemv_bytes_per_s=max(gemv[widest])[1],
         elementwise_per_s=big[2] / max(big[3]["wall"] - ew["floor"]["wall"], 1e-9),
-        cache_bytes=_last_level_cache_bytes(), cached_gemv_bytes_per_s=max(min(v)[1] for v in gemv.values()),
+        cache_bytes=cache_bytes, cached_gemv_bytes_per_s=max(min(v)[1] for v in gemv.values()),
         gemv_by_width={str(w): max(v)[1] for w, v in gemv.items()}, micro=micro)
 
 
-def _last_level_cache_bytes() -> int | None:
-    """Size of the largest CPU cache (Linux sysfs), or None where it cannot be read."""
-    sizes = []
-    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        try:
-            text = f.read_text().strip().upper()
-            sizes.append(int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]] if text[-1] in "KMG"
-                         else int(text))
-        except (OSError, ValueError):
-            continue
-    return max(sizes) if sizes else None
-
-
-# 2: elementwise_per_s; 3: gemv through DenseLinear, cache-resident gemv; 4: by width; 5: micro-benchmarks only, at
-# shapes disjoint from the validated models' (cost.calibrate), kept whole in ``micro``; 6: prefill products through
-# engine/many_rows (oneDNN where it is faster); 7: the LM head and the greedy sampler (calibrate.head_table);
-# 8: prefill attention per dtype
-CALIBRATION_VERSION = 8
-
-
-def _local_key() -> str:
-    import torch
-
-    from attnlab.runtime import cpu_name
-
-    # CALIBRATION_VERSION: a cache written by an older calibration (other fields, other shapes) is measured again
-    return f"{cpu_name()}|{torch.get_num_threads()}|{torch.__version__}|micro-v{CALIBRATION_VERSION}"
-
-
-def _read_entries() -> dict:
-    """The cache's entries: one per (CPU, threads, torch, calibration), so runs with different --threads keep theirs."""
-    path = _cache_path()
-    if path.exists():
-        try:
-            data = json.loads(path.read_text())
-            return data.get("entries", {}) if isinstance(data, dict) else {}
-        except (json.JSONDecodeError, AttributeError):
-            pass
-    return {}
-
-
-def save_local(hw: Hardware) -> None:
-    """Cache a measured spec as this machine's (for its thread count and torch)."""
-    entries = _read_entries()
-    entries[_local_key()] = hw.to_dict()
-    path = _cache_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"entries": entries}))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only home only costs a re-measurement next time
-
-
-def local(refresh: bool = False, dtypes: tuple[str, ...] | None = None,
-          cancel: threading.Event | None = None) -> Hardware:
-    """The measured spec of this machine: from the cache, or calibrated now (``refresh``: always now) for
-    ``dtypes`` (default: fp32, and bf16 where native); ``cancel``: see ``calibrate``."""
-    entry = None if refresh else _read_entries().get(_local_key())
-    if entry is not None:
-        try:
-            return Hardware(**entry)
-        except TypeError:
-            pass  # an entry of other fields: measure again
-    hw = calibrate(dtypes, cancel=cancel)
-    save_local(hw)
-    return hw
-
-
-def get(name: str, refresh: bool = False) -> Hardware:
+def get(name: str) -> Hardware:
+    """A datasheet spec by name or alias. ``local`` is measured, not looked up: ``attnlab.measure.local.spec``."""
     name = ALIASES.get(name, name)
     if name == "local":
-        return local(refresh)
+        raise ConfigError("the local spec is measured on this machine: use attnlab.measure.local.spec('local')")
     if name not in SPECS:
         raise ConfigError(f"unknown hardware {name!r}; choose one of: {', '.join(NAMES)} "
                           f"(aliases: {', '.join(ALIASES)})")

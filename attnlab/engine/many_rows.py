@@ -17,10 +17,10 @@ Both are fp32 arithmetic on fp32 inputs (oneDNN's sums in another order: ~1e-6 r
 """
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.nn.functional as F
+
+from attnlab.timing import time_calls
 
 PATHS = ("linear", "onednn")
 PROBE_ROWS = 128  # a short prompt's worth: both libraries past their few-row ramp (measured from 64 rows on)
@@ -49,16 +49,11 @@ def choose(weight: torch.Tensor, bias: torch.Tensor | None) -> str:
         for path in paths:
             try:
                 with torch.inference_mode():
-                    linear(path, x, weight, bias)
-                    took = []
-                    for _ in range(PROBE_CALLS):
-                        t = time.perf_counter()
-                        linear(path, x, weight, bias)
-                        took.append(time.perf_counter() - t)
+                    took = time_calls(lambda: linear(path, x, weight, bias), PROBE_CALLS, 1)["min_s"]
             except RuntimeError:  # a path this build cannot run at this shape or dtype
                 continue
-            if min(took) < best_s:
-                best, best_s = path, min(took)
+            if took < best_s:
+                best, best_s = path, took
         _chosen[key] = best
     return _chosen[key]
 

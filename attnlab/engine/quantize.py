@@ -8,7 +8,6 @@ no fp32 copy of the weights is ever materialised.
 """
 from __future__ import annotations
 
-import time
 import warnings
 
 import torch
@@ -20,6 +19,7 @@ from attnlab.engine import many_rows
 from attnlab.errors import AttnlabError
 from attnlab.models import block_step
 from attnlab.runtime import native_bf16
+from attnlab.timing import time_calls
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.bfloat16}
 _warned = set()
@@ -61,16 +61,8 @@ def _time_paths(module, paths: list[str], xs: list[torch.Tensor], probe_calls: i
                 install(path)
             module.path = path
             for x in xs:
-                module(x)
-                module(x)
-                took = []
-                for _ in range(probe_calls):
-                    if cold:
-                        _evict(module)
-                    t = time.perf_counter()
-                    module(x)
-                    took.append(time.perf_counter() - t)
-                total += min(took)
+                total += time_calls(lambda: module(x), probe_calls, 2,
+                                    before=(lambda: _evict(module)) if cold else None)["min_s"]
         except (RuntimeError, AttributeError):
             continue
         if total < best_s:

@@ -128,7 +128,7 @@ class Scheduler:
     def step(self, decode: bool = True) -> list[Event]:
         """Admit, prefill, then decode every running sequence (a sequence whose prompt was just completed takes
         its second token in the same step). ``decode=False`` stops after the prefill: a caller that times the
-        first token apart from the steps after it (cost.engine_timing)."""
+        first token apart from the steps after it (measure.engine_timing)."""
         events: list[Event] = []
         with torch.inference_mode():
             self._admit()

@@ -25,6 +25,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from attnlab.timing import middle_half
+
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
 REGIME_NOT_REACHED, UNSTABLE = "regime not reached", "unstable"  # why a verdict is inconclusive, when not the data
 SCALES = ("quick", "full")
@@ -198,44 +200,8 @@ def compare(a, b) -> bool | None:
     return diff > 0
 
 
-def middle_half(samples) -> tuple[float, float]:
-    """(lower, upper) quartile of ``samples``: the range of their middle half, the ``len // 4`` lowest and highest
-    left out. Timings on a shared machine carry stray spikes (another tenant's turn); one spike widens the full
-    range as far as it goes, but not the middle half of 7 samples."""
-    s = sorted(samples)
-    k = len(s) // 4
-    return s[k], s[-1 - k]
-
-
 def clears(samples, threshold: float) -> bool | None:
     """Is the middle half of ``samples`` (repeated timings or their ratios) above ``threshold`` (True), below it
     (False), or astride it (None: inconclusive)?"""
     lo, hi = middle_half(samples)
     return True if lo > threshold else (False if hi < threshold else None)
-
-
-def timing(fn, repeats: int = 5, warmup: int = 1, *, device) -> dict:
-    """Median, min and max wall time of ``fn()`` after ``warmup`` untimed calls, and the quartiles (``lo_s``,
-    ``hi_s``: see ``middle_half``): the median is the figure, the range is the spread a reader needs to judge it."""
-    import time
-
-    from attnlab.runtime import synchronize
-
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        synchronize(device)
-        ts.append(time.perf_counter() - t)
-    ts.sort()
-    lo, hi = middle_half(ts)
-    return {"median_s": ts[len(ts) // 2] if len(ts) % 2 else (ts[len(ts) // 2 - 1] + ts[len(ts) // 2]) / 2,
-            "min_s": ts[0], "max_s": ts[-1], "lo_s": lo, "hi_s": hi, "repeats": repeats}
-
-
-def median_time(fn, repeats: int = 3, warmup: int = 1, *, device) -> float:
-    """Median wall time of ``fn()``; on a GPU each call is synchronised, so the time is the work's, not the launch's."""
-    return timing(fn, repeats, warmup, device=device)["median_s"]

@@ -2,7 +2,7 @@
 
 Depth is read off the graph of ops the model really dispatches (each op one step deeper than its deepest input);
 that is the measured half and the verdict rests on it. A fused recurrent kernel (torch's LSTM on oneDNN) dispatches
-as one op a layer, so the tracer counts the dependent steps inside it (cost/trace.py: one per token per layer): it is
+as one op a layer, so the tracer counts the dependent steps inside it (measure/trace.py: one per token per layer): it is
 traced on the CPU, where it runs as that one op, beside the visible loop traced on "meta". FLOPs are torch's per-op
 formulas applied to the traced shapes: arithmetic on the shapes (the model), shown beside the depth but not part of
 the verdict. Three rounds at three widths (full scale) must agree.
@@ -10,7 +10,7 @@ the verdict. Three rounds at three widths (full scale) must agree.
 import torch
 
 from attnlab.config import ModelConfig
-from attnlab.cost.trace import trace
+from attnlab.measure.trace import trace
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, fit_exponent, in_regime,
                                       over_repeats, verdict)
 from attnlab.models import build_model
@@ -45,7 +45,7 @@ CHANGES = [
      "old": ("Depth counted on the ops the Python code dispatches, on the meta device, at one width; full scale traces "
              "n = 64..2048."),
      "new": ("The fused LSTM (torch's kernel, one op a layer on the CPU) traced too, each call counting one dependent step "
-             "per token per layer (cost/trace.py), and in the threshold; full scale traces n = 64..512 at widths "
+             "per token per layer (measure/trace.py), and in the threshold; full scale traces n = 64..512 at widths "
              "32, 64 and 96 (the time of one round at 64..2048 spent on three), each round decided alone and required to agree; regime: lengths span >= 8x and reach past "
              "the transformer's depth."),
      "why": ("Issue 29: the depth was read off the Python loop the code writes; the fused kernel traced as one op a "

@@ -6,17 +6,16 @@ models; utilisation = analytic FLOPs over step time over the matmul peak measure
 decided alone and the rounds must agree. Every clause of the prediction is decided; the clause the data refuted
 ("the fused kernel does not close the gap") is still computed and shown as the verdict under the old wording.
 """
-import time
 
 import torch
 
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.cost.analytic import forward_flops
 from attnlab.cost.arch import from_model_config
-from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, in_regime,
-                                      over_repeats, timing, verdict)
+from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, in_regime, over_repeats,
+                                      verdict)
+from attnlab.timing import matmul_peak, time_calls
 from attnlab.models import build_model, count_params
-from attnlab.runtime import synchronize
 from attnlab.train import lm_loss, make_optimizer
 
 TITLE = "Parallel hardware idles on a chain"
@@ -69,29 +68,15 @@ CHANGES = [
              "inconclusive (unstable): the fused LSTM above the transformer beyond the full range in rounds 1 and 2, "
              "the ranges overlapping in round 3. With 3 steps a round the full range is all the spread there is, so "
              "one slow step (another process's turn on a shared machine) widens it as far as it goes; the middle half "
-             "of 5 (base.middle_half: the fastest and the slowest left out) does not move with one step. Claims 7 and "
+             "of 5 (timing.middle_half: the fastest and the slowest left out) does not move with one step. Claims 7 and "
              "16 made the same change. Verdict before: inconclusive (unstable); after: the next full run, where the "
              "verdict under the full range of the same 5 steps is shown beside it.")},
 ]
 EST_S = {"quick": 15, "full": 190}  # seconds on a 2-core CPU: the report's progress estimate
 ROUNDS = {"quick": 1, "full": FULL_REPEATS}
-REPEATS = 5  # timed steps per model, length and round: their middle half is the spread (base.middle_half)
+REPEATS = 5  # timed steps per model, length and round: their middle half is the spread (timing.middle_half)
 MATCH = 0.10  # the REGIME: parameter counts within +-10%
 TRANSFORMER = ModelConfig(dim=256, n_layers=4, n_heads=4)
-
-
-def _peak(device) -> float:
-    """Best fp32 matmul FLOP/s over half a second of 2048^3 products on ``device``, measured in this run."""
-    a, b = torch.randn(2048, 2048, device=device), torch.randn(2048, 2048, device=device)
-    a @ b
-    synchronize(device)
-    best, start = 0.0, time.perf_counter()
-    while time.perf_counter() - start < 0.5:
-        t = time.perf_counter()
-        a @ b
-        synchronize(device)
-        best = max(best, 2 * 2048 ** 3 / (time.perf_counter() - t))
-    return best
 
 
 def _stepper(model, x):
@@ -117,7 +102,7 @@ def _step_matmul_share(cfg: ModelConfig, batch: int, peak: float, device) -> flo
     """Share of the peak one recurrent step's matmul (h @ W_hh^T: batch x width by width x 4*width) reaches: how
     much of the machine one link of the chain can fill (context for the fused kernel's result)."""
     h, w = torch.randn(batch, cfg.dim, device=device), torch.randn(4 * cfg.dim, cfg.dim, device=device)
-    t = timing(lambda: h @ w.t(), 50, warmup=5, device=device)["median_s"]
+    t = time_calls(lambda: h @ w.t(), 50, warmup=5, device=device)["median_s"]
     return 2 * batch * cfg.dim * 4 * cfg.dim / t / peak
 
 
@@ -125,7 +110,7 @@ def measure(scale: str, device: str) -> dict:
     lens = [64, 256] if scale == "quick" else [64, 256, 1024]
     batch, rounds = 8, ROUNDS[scale]
     cfgs = {"transformer": TRANSFORMER, "lstm (loop)": matched_lstm(False), "lstm (fused)": matched_lstm(True)}
-    peak = _peak(device)
+    peak = matmul_peak(device)
     rows = [[] for _ in range(rounds)]
     params = {}
     for T in lens:
@@ -139,12 +124,12 @@ def measure(scale: str, device: str) -> dict:
             flops[name] = 3 * forward_flops(from_model_config(cfg), T, batch=batch)["total"]
         for r in range(rounds):  # rounds alternate the models, so a slow spell of the machine hits all of them
             for name in cfgs:
-                t = timing(steps[name], REPEATS, warmup=0, device=device)
+                t = time_calls(steps[name], REPEATS, warmup=0, device=device)
                 rows[r].append({"round": r + 1, "model": name, "params": params[name], "dim": cfgs[name].dim, "n": T,
                                 "step_s": t["median_s"], "step_lo_s": t["lo_s"], "step_hi_s": t["hi_s"],
                                 "step_min_s": t["min_s"], "step_max_s": t["max_s"],
                                 "tok_per_s": batch * T / t["median_s"], "step_flops": flops[name]})
-    peak = max(peak, _peak(device))  # measured before and after the runs: the better of the two is the peak
+    peak = max(peak, matmul_peak(device))  # measured before and after the runs: the better of the two is the peak
     for r in (r for rnd in rows for r in rnd):
         r.update({"share_of_peak": r["step_flops"] / r["step_s"] / peak,
                   "share_low": r["step_flops"] / r["step_hi_s"] / peak,  # the middle half: the THRESHOLD's spread

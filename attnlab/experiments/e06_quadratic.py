@@ -1,6 +1,6 @@
 """Claim 6: attention's cost is quadratic in n; remedies change the exponent.
 
-The naive kernel runs in a fresh process (bench.run_fresh: every tensor over 64 KiB its own mapping): at each
+The naive kernel runs in a fresh process (timing.run_fresh: every tensor over 64 KiB its own mapping): at each
 length an untimed warm-up call, then timed repeats, and the process's peak resident memory during them above what
 it held before (the peak reset per length); on CUDA, in this process, torch's peak allocation above the inputs.
 Time and memory are both measured; the cost model's long-context factor is shown as the model. Each of the timed
@@ -12,11 +12,11 @@ import gc
 
 import torch
 
-from attnlab.bench import reset_peak_resident, resident_bytes, run_fresh
 from attnlab.cost.analytic import compare as cost_compare
 from attnlab.cost.arch import resolve
 from attnlab.experiments.base import (Decision, Outcome, Plot, Series, condition, fit_exponent, in_regime, over_repeats,
-                                      plausible_exponent, timing, verdict)
+                                      plausible_exponent, verdict)
+from attnlab.timing import PeakMemory, run_fresh, time_calls
 from attnlab.models.attention import KERNELS
 
 TITLE = "Quadratic cost"
@@ -64,7 +64,6 @@ SCORES_OVER_INPUTS, TIME_OVER_LINEAR, MIN_CALL_S = 4.0, 10.0, 1e-3  # the REGIME
 def naive_runs(lens, H, D, device) -> list[dict]:
     """Time (each of REPEATS calls after a warm-up, and their median, min, max) and peak bytes of the naive kernel
     at each length."""
-    cuda = torch.device(device).type == "cuda"
     x = torch.randn(1, H, 64, D).to(device)
     with torch.inference_mode():  # one-time setup (thread pool, library init) before any baseline
         KERNELS["naive"](x, x, x, causal=True, alibi_slopes=None, scale=D ** -0.5)
@@ -73,22 +72,16 @@ def naive_runs(lens, H, D, device) -> list[dict]:
         g = torch.Generator().manual_seed(T)
         q, k, v = (torch.randn(1, H, T, D, generator=g).to(device) for _ in range(3))
         gc.collect()
-        if cuda:
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
-        else:
-            base = resident_bytes("VmRSS")
-            reset_peak_resident()  # VmHWM := VmRSS: the peak from here on is this length's
+        window = PeakMemory(device).start()  # the peak from here on is this length's
         with torch.inference_mode():
             call = lambda: KERNELS["naive"](q, k, v, causal=True, alibi_slopes=None, scale=D ** -0.5)  # noqa: E731
-            calls = [timing(call, 1, warmup=1 if r == 0 else 0, device=device)["median_s"] for r in range(REPEATS)]
-        peak = torch.cuda.max_memory_allocated(device) if cuda else resident_bytes("VmHWM")
+            calls = [time_calls(call, 1, warmup=1 if r == 0 else 0, device=device)["median_s"] for r in range(REPEATS)]
+        peak = window.peak_bytes()
         with torch.inference_mode():  # after the peak is read: an O(n) pass, to see the n^2 term dominate the time
-            linear = timing(lambda: torch.add(q, k).add_(v), REPEATS, device=device)["median_s"]
+            linear = time_calls(lambda: torch.add(q, k).add_(v), REPEATS, device=device)["median_s"]
         srt = sorted(calls)
         out.append({"n": T, "calls_s": calls, "median_s": srt[len(srt) // 2], "min_s": srt[0], "max_s": srt[-1],
-                    "repeats": REPEATS, "linear_pass_s": linear, "peak_bytes": peak - base,
+                    "repeats": REPEATS, "linear_pass_s": linear, "peak_bytes": peak,
                     "input_bytes": 3 * q.numel() * q.element_size()})  # the inputs are rebound (freed) before the next base
     return out
 
@@ -110,7 +103,7 @@ def measure(scale: str, device: str) -> dict:
         for T in lens:
             q, k, v = (torch.randn(1, H, T, D).to(device) for _ in range(3))
             with torch.inference_mode():
-                t = timing(lambda: KERNELS[name](q, k, v, causal=True, alibi_slopes=None, scale=D ** -0.5),
+                t = time_calls(lambda: KERNELS[name](q, k, v, causal=True, alibi_slopes=None, scale=D ** -0.5),
                            repeats=REPEATS, device=device)
             times[name].append(t["median_s"])
             spread[name].append([t["min_s"], t["max_s"]])

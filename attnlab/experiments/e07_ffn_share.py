@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from attnlab.cost.analytic import crossover_tokens
 from attnlab.cost.arch import resolve
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, in_regime, over_repeats,
-                                      timing, verdict)
+                                      verdict)
+from attnlab.timing import time_calls
 
 TITLE = "Feed-forward dominates at typical lengths"
 CLAIM = "In a GPT-2-sized layer the MLP costs more than attention's score and weighted-sum work until n is several thousand tokens."
@@ -102,7 +103,7 @@ def measure(scale: str, device: str) -> dict:
             for r, rows in enumerate(rounds):  # rounds alternate the parts at each length
                 row = {"round": r + 1, "n": T}
                 for name, fn in parts.items():
-                    t = timing(fn, REPEATS, warmup=1, device=device)
+                    t = time_calls(fn, REPEATS, warmup=1, device=device)
                     row.update({f"{name}_s": t["median_s"], f"{name}_min_s": t["min_s"], f"{name}_max_s": t["max_s"],
                                 f"{name}_lo_s": t["lo_s"], f"{name}_hi_s": t["hi_s"]})
                 row["core_share_of_layer"] = row["attention_core_s"] / sum(row[f"{p}_s"] for p in parts)

@@ -8,7 +8,8 @@ import torch
 
 from attnlab.experiments import recall
 from attnlab.experiments.base import (Decision, Outcome, Plot, Series, condition, fit_exponent, in_regime, mean,
-                                      over_repeats, plausible_exponent, timing, verdict)
+                                      over_repeats, plausible_exponent, verdict)
+from attnlab.timing import time_calls
 from attnlab.models.attention import KERNELS
 from attnlab.models.linear import linear_parallel, phi
 from attnlab.models.sparse import default_block, pairs_scored
@@ -80,7 +81,7 @@ def _times(lens, device, repeats, warmup=1, H=4, D=64):
     spreads = {k: [] for k in out}
 
     def timed(name, fn):
-        t = timing(fn, repeats, warmup=warmup, device=device)
+        t = time_calls(fn, repeats, warmup=warmup, device=device)
         out[name].append(t["median_s"])
         spreads[name].append([t["min_s"], t["max_s"]])
 

@@ -9,7 +9,6 @@ Only a k whose verify pass over k+1 rows costs at most VERIFY_VS_STEP one-row st
 be chosen: past it the pass is no longer nearly free, the claim's premise, on this hardware.
 """
 import copy
-import time
 
 import torch
 
@@ -23,7 +22,7 @@ from attnlab.experiments.speculative_models import GROW_STEPS, GROWN_STEPS
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, in_regime, over_repeats,
                                       verdict)
 from attnlab.models import build_model
-from attnlab.runtime import memory_bandwidth, synchronize
+from attnlab.timing import memory_bandwidth, now, time_calls
 
 TITLE = "Speculative decoding"
 CLAIM = "A small draft proposing k tokens that the target verifies in one parallel pass speeds up decoding, with identical greedy output."
@@ -156,17 +155,8 @@ def _step_s(model, prompt: list[int], rows: int, n: int = 15) -> float:
     with torch.inference_mode():
         model(torch.tensor([prompt], device=device), state)
         ids = torch.tensor([prompt[-rows:]], device=device)
-        model(ids, state)
-        state.rollback([len(prompt)])
-        took = []
-        for _ in range(n):
-            synchronize(device)
-            t = time.perf_counter()
-            model(ids, state)
-            synchronize(device)
-            took.append(time.perf_counter() - t)
-            state.rollback([len(prompt)])
-    return sorted(took)[n // 2]
+        return time_calls(lambda: model(ids, state), n, 1, device=device,
+                          before=lambda: state.rollback([len(prompt)]))["median_s"]
 
 
 def _paired_ratio(num, num_rows: int, den, den_rows: int, prompt: list[int], n: int = 15) -> float:
@@ -185,12 +175,11 @@ def _paired_ratio(num, num_rows: int, den, den_rows: int, prompt: list[int], n: 
             sides.append((model, ids, state))
 
         def once(model, ids, state) -> float:
-            synchronize(device)
-            t = time.perf_counter()
+            t = now(device)
             model(ids, state)
-            synchronize(device)
+            took = now(device) - t
             state.rollback([len(prompt)])
-            return time.perf_counter() - t
+            return took
 
         ratios = []
         for i in range(n):  # the order alternates
@@ -208,17 +197,17 @@ class _Phases:
     """Wall seconds per phase of the experiment, for its time budget (EST_S)."""
 
     def __init__(self):
-        self.spent, self.t = {}, time.perf_counter()
+        self.spent, self.t = {}, now()
 
     def __call__(self, name: str) -> None:
-        now = time.perf_counter()
-        self.spent[name], self.t = now - self.t, now
+        t = now()
+        self.spent[name], self.t = t - self.t, t
 
 
 def _timed(fn):
-    t = time.perf_counter()
+    t = now()
     out = fn()
-    return time.perf_counter() - t, out
+    return now() - t, out
 
 
 def _tune(plain, layouts, drafts, prompts, base, new) -> list[dict]:

@@ -3,8 +3,9 @@
 import torch
 
 from attnlab.experiments import needle
-from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, clears, condition, in_regime,
-                                      mean, middle_half, timing, verdict)
+from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, clears, condition, in_regime, mean,
+                                      verdict)
+from attnlab.timing import middle_half, time_calls
 
 TITLE = "Send what is relevant, not everything"
 CLAIM = ("A prompt with only the relevant context answers as well as one padded with everything that might be "
@@ -68,7 +69,7 @@ BATCH, ROUNDS = 32, 7
 
 def _prefill_s(model, x, device) -> float:
     """Median wall time of one prefill of the whole batch (logits of the last position only, as a server needs)."""
-    return timing(lambda: model(x, last_only=True), 3, 1, device=device)["median_s"]
+    return time_calls(lambda: model(x, last_only=True), 3, 1, device=device)["median_s"]
 
 
 def training(scale: str, device: str) -> dict:

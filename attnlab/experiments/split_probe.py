@@ -12,90 +12,22 @@ turns given to other tenants excluded), synchronised wall time on a GPU. The cal
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import resource
 import time
 
 import torch
 import torch.distributed as dist
 
-M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)
-MMAP_FROM_BYTES = 1 << 16
-
-
-def _libc():
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-def map_large_allocations() -> bool:
-    """Serve every allocation of 64 KiB or more by mmap, returned to the OS when freed. glibc otherwise raises its
-    mmap threshold as large blocks are freed, after which tensors come from the heap and its high-water mark depends
-    on fragmentation: the resident peak then varies from run to run for the same tensors."""
-    libc = _libc()
-    return bool(libc and libc.mallopt(M_MMAP_THRESHOLD, MMAP_FROM_BYTES))
-
-
-def _status_bytes(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024  # reported in kB
-    except OSError:
-        pass
-    return None
-
-
-class PeakWindow:
-    """A peak-memory window: ``start()`` then ``peak_bytes()`` = the most held above the start, in between.
-
-    CPU: freed heap pages go back to the OS (malloc_trim) and the kernel's resident high-water mark is reset
-    (/proc/self/clear_refs 5), so the peak is the work's, not start-up's. GPU: max_memory_allocated."""
-
-    def __init__(self, dev: torch.device):
-        self.dev, self.base = dev, 0
-
-    def start(self) -> None:
-        if self.dev.type == "cuda":
-            torch.cuda.synchronize(self.dev)
-            torch.cuda.reset_peak_memory_stats(self.dev)
-            self.base = torch.cuda.memory_allocated(self.dev)
-            return
-        libc = _libc()
-        if libc is not None:
-            libc.malloc_trim(0)
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            self.base = _status_bytes("VmRSS") or 0
-        except OSError:  # no /proc (not Linux): the lifetime maximum
-            self.base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-    def peak_bytes(self) -> int:
-        if self.dev.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.dev) - self.base
-        peak = _status_bytes("VmHWM")
-        return (peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) - self.base
-
+from attnlab.timing import PeakMemory, map_large_allocations, now
 
 def clock_for(dev: torch.device):
     """What one rank's own work costs: CPU time of this thread on CPUs, synchronised wall time on a GPU."""
     if dev.type == "cuda":
-        def clock():
-            torch.cuda.synchronize(dev)
-            return time.perf_counter()
-        return clock
+        return lambda: now(dev)
     return time.thread_time
 
 
 def _wall(dev: torch.device) -> float:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    return time.perf_counter()
+    return now(dev)
 
 
 def _attn_len(s: dict) -> int:
@@ -108,7 +40,7 @@ def _attention(rank, world, s, dev, clock, out) -> None:
     from attnlab.distributed import ring
 
     T = _attn_len(s)
-    Tl, peak = ring.padded_len(T, world) // world, PeakWindow(dev)
+    Tl, peak = ring.padded_len(T, world) // world, PeakMemory(dev)
     for call in range(s["calls"] + 1):
         peak.start()
         q, k, v = (torch.randn(1, s["H"], Tl, s["D"], device=dev, requires_grad=True) for _ in range(3))

@@ -17,7 +17,6 @@ build from another CPU is never loaded).
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 import time
 import warnings
@@ -38,7 +37,9 @@ _state: dict = {}
 
 
 def enabled() -> bool:
-    return os.environ.get("ATTNLAB_KERNELS", "1") != "0"
+    from attnlab.runtime import kernels_enabled
+
+    return kernels_enabled()
 
 
 def _cpu_key() -> str:

@@ -87,7 +87,7 @@ def naive_attention(q, k, v, *, causal: bool, alibi_slopes, scale: float, q_pos=
 def compiled_prefill(q, k, v, scale: float):
     """Causal attention of the last T of S keys' queries (T > 1: a prefill, a chunk of one, a verification) on
     attnlab's compiled kernel (kernels/prefill_attention.cpp): fp32 on a CPU, outside autograd and dispatch-level
-    tracers (cost.trace counts torch's ops), head sizes of 1 to 8 vectors. Measured here on GPT-2 small's 12 heads
+    tracers (measure.trace counts torch's ops), head sizes of 1 to 8 vectors. Measured here on GPT-2 small's 12 heads
     of 64 against torch's flash kernel, alternating: 3.3 vs 5.3 ms at 512 tokens, 9.5 vs 12.2 at 1024. It writes
     (B, T, H, D), returned as a (B, H, T, D) view, so merging the heads afterwards is free. None where it does not
     apply."""

@@ -67,7 +67,6 @@ class Learned(Positional):
         return x + self.table(positions)
 
 
-ROPE_SCALINGS = ("linear", "dynamic", "ntk", "llama3")
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None, seq_len: int | None = None):

@@ -6,7 +6,6 @@ installed or imported, nothing else is fetched, and the data is never written in
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import zipfile
@@ -21,9 +20,10 @@ MEMBERS = {"ml-100k": "recbole/dataset_example/ml-100k/ml-100k.inter"}
 
 
 def cache_dir() -> Path:
-    """~/.cache/attnlab/recsys, or $XDG_CACHE_HOME/attnlab/recsys."""
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "attnlab" / "recsys"
+    """attnlab's cache (runtime.cache_dir) / recsys."""
+    from attnlab.runtime import cache_dir as root
+
+    return root() / "recsys"
 
 
 def cached_wheel(cache: Path | None = None) -> Path | None:

@@ -15,7 +15,8 @@ def run_report(scale: str = "quick", only: list[int] | None = None, device: str 
     """Run the chosen claims' experiments on ``device``; each claim's entry records the device it ran on."""
     from attnlab.experiments import registry
     from attnlab.experiments.base import label
-    from attnlab.runtime import host_speed, machine_context, resolve_device, set_threads
+    from attnlab.runtime import machine_context, resolve_device, set_threads
+    from attnlab.timing import host_speed
 
     exps = registry()
     if only:

@@ -49,7 +49,7 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
     add_error_handlers(app)
 
     def calibrate() -> None:
-        from attnlab.cost.calibrate import Cancelled
+        from attnlab.measure.micro import Cancelled
         from attnlab.serve.predict import hardware
 
         try:

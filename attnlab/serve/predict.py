@@ -1,7 +1,7 @@
 """The cost model's prediction for one request on this machine, shown on the page beside the measurement.
 
 Same roofline as ``attnlab cost`` (attnlab/cost/analytic.py) on this machine's calibrated figures
-(``cost.hardware.local()``: measured once, cached on disk). A prefix-cache hit changes only the prefill:
+(``measure.local.local()``: measured once, cached on disk). A prefix-cache hit changes only the prefill:
 ``prompt - cached`` new tokens attend to ``prompt`` keys instead of the whole prompt being run; the page
 shows both, which is what the turn would have cost without the cache.
 """
@@ -18,13 +18,13 @@ _hw_lock = threading.Lock()
 
 def hardware(cancel: threading.Event | None = None):
     """This machine's spec, measured once per process (or read from the disk cache); ``cancel`` stops a
-    measurement in progress (``cost.calibrate.Cancelled``), as a server shutting down does."""
+    measurement in progress (``measure.micro.Cancelled``), as a server shutting down does."""
     global _hw
     with _hw_lock:
         if _hw is None:
-            from attnlab.cost import hardware as hw_mod
+            from attnlab.measure.local import local
 
-            _hw = hw_mod.local(cancel=cancel)
+            _hw = local(cancel=cancel)
         return _hw
 
 

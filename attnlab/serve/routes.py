@@ -90,7 +90,7 @@ def add_routes(app: FastAPI, served: C.Served, cfg: ServeConfig, worker: Worker,
                                "cached_tokens in 0..prompt_tokens", None, "invalid_value")
         except ApiError as err:
             return error(metrics, err, "/api/predict")
-        from attnlab.cost.calibrate import Cancelled
+        from attnlab.measure.micro import Cancelled
         from attnlab.serve.predict import predict
 
         dtype = served.dtype if served.dtype in ("fp32", "bf16") else "bf16"

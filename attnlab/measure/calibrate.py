@@ -39,67 +39,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MiB = 2 ** 20
-# Shapes of every calibration micro-benchmark. ``attnlab cost --validate`` checks that none of them is a shape its
-# validation models run (validate.shapes_of_config), and the tests check it too.
-CALIBRATION = {
-    "widths": (96, 320, 1280),  # W: a layer's matrices W x 3W, W x W, W x 4W, 4W x W
-    "prefill_rows": (48, 320, 1536),  # M for the prefill matmul table (skipped above PREFILL_FLOP_CAP)
-    "decode_rows": (1, 8),  # rows of the decode (weight-streaming) table
-    # Total weights cycled through by the decode table. 640 MiB since 2026-12-01: this machine's last-level cache is
-    # 300 MiB, so at 160 MiB the table still read partly from it (fp32, 1 thread: 20-23 GB/s at 160 MiB against
-    # ~19 GB/s in a 494 MB GPT-2-shaped decode step) and every larger model was predicted too fast.
-    "working_sets_mib": (1, 4, 16, 64, 160, 640),
-    "attention_heads": 3,
-    "attention_tokens": (96, 384, 1536),  # T of a causal prefill SDPA call
-    "attention_head_dims": (24, 48, 96),
-    "attention_keys": (40, 400, 4000),  # S cached keys of a one-query decode SDPA call
-    "elementwise_rows": (1, 8, 48, 320, 1536),  # M x W of the elementwise layer mix (skipped above 2M elements)
-    "probe": {"dim": 16, "n_heads": 2, "vocab_size": 32, "layers": (1, 16), "batch": (1, 6), "prompt": 24,
-              "new_tokens": 17},
-    "floor_width": 16,  # the tiny shape of each floor
-    "cold_mib": (0, 0.5, 2, 8, 32),  # bytes streamed just before the floor's mix, for the cold-dispatch table
-    # The head and sampler table's vocabulary: not one a validation draws (256 or GPT-2's 50,257), as large as
-    # Llama's, so that per-logit and per-weight figures carry to both.
-    "head_vocab": 32000,
-}
+from attnlab.cost.cpu import SAMPLE_FLOOR_LOGITS
+from attnlab.measure import micro
+from attnlab.measure.engine_timing import Pulse, probe
+from attnlab.measure.micro import CALIBRATION, MiB, timed
+
 PREFILL_FLOP_CAP = 1.3e10  # FLOPs of one timed set: keeps the table to seconds on a 2-core machine
 PREFILL_SETS = 2  # distinct layer sets the prefill table cycles through
 ELEMENT_CAP = 2 * 2 ** 20
 ATTENTION_COLD_BYTES = 64 * MiB  # decode attention is also timed over distinct caches adding up to this
-SAMPLE_FLOOR_LOGITS = 32  # the sampler timed over this many logits per row: its dispatch alone
 MAX_SETS = 200  # copies of one set at most (the narrowest stay within the caches, as a small model's do)
-
-
-class Cancelled(Exception):
-    """A calibration stopped on request before its end (a server shutting down); nothing of it is kept."""
-
-
-# The Event that may stop the calibration running on this thread (run's ``cancel``), looked at before every timed
-# repeat, so a request to stop waits for one repeat (well under a second), not for the minutes of the whole table.
-_cancel = threading.local()
-
-
-def _check_cancel() -> None:
-    event = getattr(_cancel, "event", None)
-    if event is not None and event.is_set():
-        raise Cancelled("the calibration was cancelled before its end")
-
-
-def _time(fn, repeats: int = 5, warm: int = 1, inner: int = 1) -> dict:
-    """Median wall and CPU seconds of ``fn`` (called ``inner`` times per repeat, per call) after ``warm`` calls."""
-    _check_cancel()
-    for _ in range(warm):
-        fn()
-    wall, cpu = [], []
-    for _ in range(repeats):
-        _check_cancel()
-        w, c = time.perf_counter(), time.process_time()
-        for _ in range(inner):
-            fn()
-        wall.append((time.perf_counter() - w) / inner)
-        cpu.append((time.process_time() - c) / inner)
-    return {"wall": statistics.median(wall), "cpu": statistics.median(cpu), "wall_min": min(wall)}
 
 
 def _layer_set(W: int, dtype: str, rows: int = 1) -> list[nn.Module]:
@@ -143,7 +92,7 @@ def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None, between=
     for dtype in dtypes:
         act = DTYPES[dtype]
         nbytes = {"fp32": 4, "bf16": 2, "int8": 1}[dtype]
-        floor = _time(_run_sets(sets(CALIBRATION["floor_width"], dtype, 1, 1), 1, CALIBRATION["floor_width"], act),
+        floor = timed(_run_sets(sets(CALIBRATION["floor_width"], dtype, 1, 1), 1, CALIBRATION["floor_width"], act),
                       repeats=7, inner=20)
         prefill, decode = [], []
         for W in CALIBRATION["widths"]:
@@ -153,7 +102,7 @@ def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None, between=
             for M in CALIBRATION["prefill_rows"]:
                 if 24 * M * W * W > PREFILL_FLOP_CAP:
                     continue
-                t = _time(_run_sets(two, M, W, act), repeats=5)
+                t = timed(_run_sets(two, M, W, act), repeats=5)
                 prefill.append([W, M, {k: v / len(two) for k, v in t.items()}])
             set_bytes = 12 * W * W * nbytes
             counts = sorted({min(max(1, round(ws * MiB / set_bytes)), MAX_SETS)
@@ -161,7 +110,7 @@ def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None, between=
             for rows in CALIBRATION["decode_rows"]:
                 laid = sets(W, dtype, rows, counts[-1])  # laid out for `rows`, as decode's are
                 for n in counts:  # the first n sets, cycled: a working set of n sets
-                    t = _time(_run_sets(laid[:n], rows, W, act), repeats=5)
+                    t = timed(_run_sets(laid[:n], rows, W, act), repeats=5)
                     decode.append([W, rows, n * set_bytes, {k: v / n for k, v in t.items()}])
         out[dtype] = {"prefill": prefill, "decode": decode, "floor": floor}
         if between is not None:
@@ -190,11 +139,11 @@ def head_table(dtypes: tuple[str, ...], modules: dict | None = None) -> dict:
                         lin.weight.fill_(0.01)
                     m = modules[("head", W, dtype, rows)] = DenseLinear(lin, act, rows)
                 x = torch.randn(rows, W).to(act)
-                head.append([W, rows, _time(lambda: m(x), repeats=5, inner=3)])
+                head.append([W, rows, timed(lambda: m(x), repeats=5, inner=3)])
             logits = torch.randn(rows, V).to(act)
-            sample.append([rows, _time(lambda: greedy_rows(logits), repeats=5, inner=5)])
+            sample.append([rows, timed(lambda: greedy_rows(logits), repeats=5, inner=5)])
             tiny = torch.randn(rows, SAMPLE_FLOOR_LOGITS).to(act)
-            floor.append([rows, _time(lambda: greedy_rows(tiny), repeats=5, inner=20)])
+            floor.append([rows, timed(lambda: greedy_rows(tiny), repeats=5, inner=20)])
         out[dtype] = {"head": head, "sample": sample, "sample_floor": floor}
     return out
 
@@ -251,15 +200,15 @@ def attention_tables(dtypes: tuple[str, ...] = ("fp32",)) -> dict:
         for D in CALIBRATION["attention_head_dims"]:
             per = 2 * H * S * D * 4
             for copies in sorted({1, min(max(1, round(ATTENTION_COLD_BYTES / per)), 200)}):
-                t = _time(_decode_attention(H, S, D, copies), repeats=5, inner=max(1, 10 // copies))
+                t = timed(_decode_attention(H, S, D, copies), repeats=5, inner=max(1, 10 // copies))
                 decode.append([S, D, copies * per, {k: v / copies for k, v in t.items()}])
     kinds = {"fp32": f32, **({"bf16": torch.bfloat16} if {"bf16", "int8"} & set(dtypes) else {})}
-    return {"prefill": {k: [[T, D, _time(_sdpa(1, H, T, T, D, dt), repeats=5)]
+    return {"prefill": {k: [[T, D, timed(_sdpa(1, H, T, T, D, dt), repeats=5)]
                             for T in CALIBRATION["attention_tokens"] for D in CALIBRATION["attention_head_dims"]]
                         for k, dt in kinds.items()},
             "decode": decode,
-            "floor": {"prefill": {k: _time(_sdpa(1, H, 8, 8, 8, dt), repeats=7, inner=20) for k, dt in kinds.items()},
-                      "decode": _time(_decode_attention(H, 8, 8), repeats=7, inner=50)}}
+            "floor": {"prefill": {k: timed(_sdpa(1, H, 8, 8, 8, dt), repeats=7, inner=20) for k, dt in kinds.items()},
+                      "decode": timed(_decode_attention(H, 8, 8), repeats=7, inner=50)}}
 
 
 def _elementwise_mix(M: int, W: int, dtype) -> callable:
@@ -322,8 +271,8 @@ def elementwise_table(dtypes: tuple[str, ...]) -> dict:
                 if M * 4 * W > ELEMENT_CAP:
                     continue
                 rows.append([M, W, elementwise_elements(M, W, dtype != "fp32"),
-                             _time(_elementwise_mix(M, W, act), repeats=5, inner=5 if M * W < 2 ** 16 else 1)])
-        out[dtype] = {"rows": rows, "floor": _time(_elementwise_mix(1, fw, act), repeats=7, inner=20)}
+                             timed(_elementwise_mix(M, W, act), repeats=5, inner=5 if M * W < 2 ** 16 else 1)])
+        out[dtype] = {"rows": rows, "floor": timed(_elementwise_mix(1, fw, act), repeats=7, inner=20)}
     return out
 
 
@@ -353,14 +302,14 @@ def memory() -> dict:
     """Read bandwidth of a 256 MiB sum; first-touch write bandwidth of a fresh 64 MiB zeros tensor (what a new KV
     cache costs: the pages are mapped and zeroed as they are first written)."""
     x = torch.ones(64 * MiB)  # 256 MiB
-    read = _time(lambda: x.sum(), repeats=5)
+    read = timed(lambda: x.sum(), repeats=5)
     n = 16 * MiB  # 64 MiB of fp32
 
     def touch():
         torch.zeros(n).fill_(1.0)
-    first = _time(touch, repeats=5)
+    first = timed(touch, repeats=5)
     warm_fill = torch.zeros(n)
-    fill = _time(lambda: warm_fill.fill_(1.0), repeats=5)
+    fill = timed(lambda: warm_fill.fill_(1.0), repeats=5)
     return {"read_bytes": x.numel() * 4, "read": read, "touch_bytes": n * 4, "touch": first, "fill": fill}
 
 
@@ -395,16 +344,14 @@ def shapes() -> set[tuple]:
 def run(dtypes: tuple[str, ...], modules: dict | None = None, cancel: threading.Event | None = None) -> dict:
     """Every micro-benchmark, for ``dtypes``; the raw figures ``cost.cpu`` reads. ``modules``: see linear_tables.
     ``cancel``: once set (from another thread), the run raises ``Cancelled`` before its next timed repeat."""
-    _cancel.event = cancel
+    micro.watch(cancel)
     try:
         return _run(dtypes, modules)
     finally:
-        _cancel.event = None
+        micro.watch(None)
 
 
 def _run(dtypes: tuple[str, ...], modules: dict | None) -> dict:
-    from attnlab.cost.engine_timing import Pulse, probe  # which imports this module's helpers
-
     t0 = time.perf_counter()
     out, took = {}, {}
     with torch.inference_mode():
@@ -418,7 +365,10 @@ def _run(dtypes: tuple[str, ...], modules: dict | None) -> dict:
             out[name] = bench()
             took[name] = time.perf_counter() - t
             pulse()  # between the benchmarks: its medians are the machine's pace over the calibration
+    from attnlab import kernels
+
     out["pulse"] = pulse.medians()
+    out["compiled_kernels"] = kernels.native() is not None  # which decode attention the cache's dtype follows
     out["seconds_by_benchmark"] = took
     out["dtypes"] = list(dtypes)
     out["shapes"] = CALIBRATION

@@ -35,7 +35,7 @@ def record(res: dict | None, *, seed: int, seed_given: bool, duration_s: float, 
     """The log line of one run: each case with its predicted, measured and error by phase, the median and worst
     |error|, the goal and whether it was met. ``res`` is validate()'s result, or None for a run that failed before
     its end (``error`` says why: the run counts as not met)."""
-    from attnlab.cost.validate import GOAL
+    from attnlab.measure.validate import GOAL
 
     line = {"date": context.get("date"), "git": git, "machine": machine_key(context),
             "context": {k: v for k, v in context.items() if k != "git"}, "seed": seed, "seed_given": seed_given,

@@ -1,6 +1,6 @@
 """Check the cost model against the engine, held out: predicted vs measured prefill and decode times, here.
 
-The ``local`` spec is calibrated by micro-benchmarks only (``cost.calibrate``), at shapes none of the
+The ``local`` spec is calibrated by micro-benchmarks only (``measure.calibrate``), at shapes none of the
 validation cases below uses (``check_disjoint`` refuses to run otherwise), in the same run: before the first
 case, and again after every GROUP cases; each case is predicted from the two calibrations around it (the mean of
 the two predictions), because on a shared machine the pace drifts by tens of percent within minutes. A 150 ms
@@ -27,10 +27,7 @@ the figure to quote.
 """
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 from dataclasses import asdict, dataclass
 
 import torch
@@ -105,7 +102,7 @@ def draw_cases(seed: int, dtypes: tuple[str, ...] = ("fp32",), n: int = N_CASES)
     import math
     import random
 
-    from attnlab.cost.calibrate import shapes
+    from attnlab.measure.calibrate import shapes
 
     rng, sp, calibration = random.Random(seed), SPACE, shapes()
     lo, hi, step = sp["dim"]
@@ -139,7 +136,7 @@ def case_shapes(case: Case) -> set[tuple]:
 
 def check_disjoint(cases) -> None:
     """Refuse a validation that shares a shape with the calibration (it would be partly circular)."""
-    from attnlab.cost.calibrate import shapes
+    from attnlab.measure.calibrate import shapes
 
     calibration = shapes()
     for case in cases:
@@ -151,7 +148,7 @@ def check_disjoint(cases) -> None:
 def measure(case: Case, repeats: int) -> dict:
     """Time the engine on one case in this process (set_precision for the case's batch, as a server would), with
     the calibration's pulse timed between the repeats."""
-    from attnlab.cost.engine_timing import Pulse, time_generate
+    from attnlab.measure.engine_timing import Pulse, time_generate
     from attnlab.engine.quantize import set_precision
     from attnlab.models import build_model
 
@@ -163,13 +160,10 @@ def measure(case: Case, repeats: int) -> dict:
     return time_generate(model, prompts, NEW_TOKENS, repeats, min_warm_s=1.0, pulse=Pulse((case.dtype, "fp32")))
 
 
-def _child() -> None:
-    from attnlab.runtime import set_threads
-
-    case, repeats, threads = json.loads(sys.argv[1])
-    set_threads(threads)
+def measure_case(case: dict, repeats: int) -> dict:
+    """``measure`` on a case given as JSON (what a fresh process receives)."""
     with torch.inference_mode():
-        print(json.dumps(measure(Case(**case), repeats)))
+        return measure(Case(**case), repeats)
 
 
 def predict(case: Case, micro: dict, clock: str = "cpu", ops: dict | None = None) -> dict:
@@ -177,7 +171,7 @@ def predict(case: Case, micro: dict, clock: str = "cpu", ops: dict | None = None
     counted now)."""
     from attnlab.cost import cpu
     from attnlab.cost.arch import from_model_config
-    from attnlab.cost.engine_timing import op_counts
+    from attnlab.measure.engine_timing import op_counts
 
     cfg = case.model_config()
     a = from_model_config(cfg)
@@ -211,7 +205,7 @@ def rows_for(case: Case, measured: dict, micros: list[dict], clock: str) -> list
     preds += [predict(case, m, clock, preds[0]["ops"]) for m in micros[1:]]
     rows = []
     for phase, key in (("prefill", "ttft"), ("decode", "decode")):
-        paced = [cpu.at_pace(p[phase], phase, case.dtype, m["pulse"], measured["pulse"], clock)
+        paced = [cpu.at_pace(p[phase], phase, case.dtype, m, measured["pulse"], clock)
                  for p, m in zip(preds, micros)]
         each = [p["total"] for p in paced]
         p, m = statistics.mean(each), measured[clock][key]
@@ -227,13 +221,11 @@ def rows_for(case: Case, measured: dict, micros: list[dict], clock: str) -> list
 
 
 def _measure_in_child(case: Case, repeats: int, threads: int) -> dict:
-    cmd = [sys.executable, "-c", "from attnlab.cost.validate import _child; _child()",
-           json.dumps([asdict(case), repeats, threads])]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["killed"])[-1]
-        raise RuntimeError(f"timing {case.name} failed: {tail[:300]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """The case timed in a fresh process (no warm caches, its own allocator, glibc's defaults as a user's run has)."""
+    from attnlab.timing import run_fresh
+
+    return run_fresh("attnlab.measure.validate", "measure_case", [asdict(case), repeats], threads, env={},
+                     what=f"timing {case.name}")
 
 
 GROUP = 5  # cases between two calibrations
@@ -246,8 +238,8 @@ def validate(seed: int, cases=None, repeats: int = 5, group: int | None = None, 
     "skipped", "calibrations", "seed", ...}; ``progress(text)`` is told each step."""
     import os
 
-    from attnlab.cost import hardware
-    from attnlab.cost.validation_log import RESULTS_DIR
+    from attnlab.measure import local
+    from attnlab.measure.validation_log import RESULTS_DIR
     from attnlab.runtime import code_version, fast_dtypes, machine_context
 
     say = progress or (lambda text: None)
@@ -267,7 +259,7 @@ def validate(seed: int, cases=None, repeats: int = 5, group: int | None = None, 
 
     def calibrate(n):
         say(f"calibration {n + 1}/{len(groups) + 1} ({', '.join(dtypes)}; micro-benchmarks only)")
-        return hardware.calibrate(dtypes, modules)
+        return local.calibrate(dtypes, modules)
 
     hws, measured, done = [calibrate(0)], {}, 0
     for g, cases_g in enumerate(groups):
@@ -276,7 +268,7 @@ def validate(seed: int, cases=None, repeats: int = 5, group: int | None = None, 
             say(f"[{done}/{len(run)}] {case.name}")
             measured[case.name] = _measure_in_child(case, repeats, threads)
         hws.append(calibrate(g + 1))
-    hardware.save_local(hws[-1])
+    local.save_local(hws[-1])
     modules.clear()  # the matrices are no longer needed
     rows = []
     for g, cases_g in enumerate(groups):

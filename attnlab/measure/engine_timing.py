@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from attnlab.cost.calibrate import CALIBRATION, MiB, _time
+from attnlab.measure.micro import CALIBRATION, MiB, timed
 
 
 def _probe_config(layers: int):
@@ -54,7 +54,7 @@ class Pulse:
 
     def __call__(self) -> None:
         for kind, (fn, inner) in self._fns.items():
-            self.samples[kind].append(_time(fn, repeats=3, warm=1, inner=inner))
+            self.samples[kind].append(timed(fn, repeats=3, warm=1, inner=inner))
 
     def medians(self) -> dict:
         """{clock: {kind: median seconds}}."""
@@ -122,7 +122,7 @@ def time_generate(model, prompts: list[list[int]], new_tokens: int, repeats: int
 
 def op_counts(cfg, batch: int, prompt: int, context: int, dtype: str = "fp32") -> dict:
     """The tracer's op and matmul counts of the engine's prefill and of one decode step (trace.engine_ops)."""
-    from attnlab.cost.trace import engine_ops
+    from attnlab.measure.trace import engine_ops
 
     ops = engine_ops(cfg, batch, prompt, context, dtype)
     return {"prefill": ops["prefill"].ops, "decode": ops["decode"].ops,

@@ -1,0 +1,62 @@
+"""What every calibration micro-benchmark shares: the shapes it may run (``CALIBRATION``), its timer (``timed``: the
+timing module's clock, with a cancellation check before each repeat) and the cancellation itself (``Cancelled``).
+
+Kept apart from calibrate.py so that engine_timing.py (the overhead probe and the pace pulse, which the calibration
+runs) and calibrate.py both read it without importing each other."""
+from __future__ import annotations
+
+import threading
+
+from attnlab.timing import time_calls
+
+MiB = 2 ** 20
+# Shapes of every calibration micro-benchmark. ``attnlab cost --validate`` checks that none of them is a shape its
+# validation models run (validate.shapes_of_config), and the tests check it too.
+CALIBRATION = {
+    "widths": (96, 320, 1280),  # W: a layer's matrices W x 3W, W x W, W x 4W, 4W x W
+    "prefill_rows": (48, 320, 1536),  # M for the prefill matmul table (skipped above PREFILL_FLOP_CAP)
+    "decode_rows": (1, 8),  # rows of the decode (weight-streaming) table
+    # Total weights cycled through by the decode table: up to 640 MiB, beyond a server CPU's last-level cache
+    # (hundreds of MiB), so the largest sets read from DRAM as a large model's decode does; a table that stops
+    # inside the cache predicts every larger model too fast.
+    "working_sets_mib": (1, 4, 16, 64, 160, 640),
+    "attention_heads": 3,
+    "attention_tokens": (96, 384, 1536),  # T of a causal prefill SDPA call
+    "attention_head_dims": (24, 48, 96),
+    "attention_keys": (40, 400, 4000),  # S cached keys of a one-query decode SDPA call
+    "elementwise_rows": (1, 8, 48, 320, 1536),  # M x W of the elementwise layer mix (skipped above 2M elements)
+    "probe": {"dim": 16, "n_heads": 2, "vocab_size": 32, "layers": (1, 16), "batch": (1, 6), "prompt": 24,
+              "new_tokens": 17},
+    "floor_width": 16,  # the tiny shape of each floor
+    "cold_mib": (0, 0.5, 2, 8, 32),  # bytes streamed just before the floor's mix, for the cold-dispatch table
+    # The head and sampler table's vocabulary: not one a validation draws (256 or GPT-2's 50,257), as large as
+    # Llama's, so that per-logit and per-weight figures carry to both.
+    "head_vocab": 32000,
+}
+
+
+class Cancelled(Exception):
+    """A calibration stopped on request before its end (a server shutting down); nothing of it is kept."""
+
+
+# The Event that may stop the calibration running on this thread (run's ``cancel``), looked at before every timed
+# repeat, so a request to stop waits for one repeat (well under a second), not for the minutes of the whole table.
+_cancel = threading.local()
+
+
+def check_cancel() -> None:
+    event = getattr(_cancel, "event", None)
+    if event is not None and event.is_set():
+        raise Cancelled("the calibration was cancelled before its end")
+
+
+def timed(fn, repeats: int = 5, warm: int = 1, inner: int = 1) -> dict:
+    """Median wall and CPU seconds of ``fn`` (called ``inner`` times per repeat, per call) after ``warm`` calls, and
+    the fastest repeat's wall seconds; a cancelled calibration stops before the next repeat."""
+    t = time_calls(fn, repeats, warm, inner=inner, before=check_cancel)
+    return {"wall": t["median_s"], "cpu": t["cpu_s"], "wall_min": t["min_s"]}
+
+
+def watch(event: threading.Event | None) -> None:
+    """Make ``event`` (None: none) the one that stops the calibration running on this thread."""
+    _cancel.event = event
