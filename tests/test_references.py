@@ -83,10 +83,6 @@ def test_every_claim_states_its_regime():
     assert not missing, f"claims without a REGIME (where the claim applies, stated before measuring): {missing}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "reports/cpu-full (2c2cddb) predates the one clock (attnlab/timing.py) that claims 2, 6, 13 and 17 now time with; "
-    "it is regenerated from a clean tree at this commit in the next one (strict: once it is current, this marker "
-    "must go)"))
 def test_reference_report_matches_the_code_its_claims_run():
     results = json.loads(REFERENCE.read_text())
     assert reference_status(results["context"])["usable"], "the reference report was written from a dirty tree"
