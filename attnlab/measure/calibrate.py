@@ -279,8 +279,8 @@ def elementwise_table(dtypes: tuple[str, ...]) -> dict:
 def cold_dispatch(trials: int = 25) -> dict:
     """{"rows": [[bytes, s]]}: seconds of the elementwise floor's 15 tiny kernels (all dispatch, no arithmetic)
     just after ``bytes`` were streamed through the caches (a sum). Why: in a decode step every small op follows a
-    matrix that was streamed from memory and evicted what dispatching needs; measured here, the same 15 calls took
-    53 us after nothing and 125-280 us after 8-128 MiB. Each figure is the median of ``trials``, timed around the
+    matrix that was streamed from memory and evicted what dispatching needs, and the same calls can take several
+    times longer then than after nothing. Each figure is the median of ``trials``, timed around the
     kernels only."""
     mix = _elementwise_mix(1, CALIBRATION["floor_width"], torch.float32)
     rows = []

@@ -25,16 +25,12 @@ class Pulse:
     matmul in each dtype, a calibration shape), ``memory`` (sums of four 128 MiB buffers in turn) and ``dispatch`` (100 additions of
     16 numbers).
 
-    The memory sums read 512 MiB a call, more than this machine's 300 MiB last-level cache, so each buffer has left
-    the cache by the time it is read again, whatever ran before. Until 2026-12-01 it was one 64 MiB sum, which read
-    at 26.7 GB/s just after itself and at 15.6 GB/s after 512 MiB of other reads: its figure said what ran before
-    it rather than the pace (beside a small model's decode 10-30% faster than between the calibration's large
-    benchmarks, so every decode prediction scaled by it came out 15-20% low); one 256 MiB sum still ran 5-17%
-    faster beside the cases.
+    The memory sums read 512 MiB a call, more than a server CPU's last-level cache, so each buffer has left the
+    cache by the time it is read again, whatever ran before: a single sum small enough to stay cached measures what
+    ran before it rather than the pace (docs/cost.md has the figures that showed it).
 
-    Why: on this shared machine the pace changes within seconds, even in CPU time: the same bf16 matmul ran at
-    490, 1220 and 780 GFLOP/s in one process a few seconds apart (other tenants share the cores' matrix units
-    and caches). Timed between the calibration's benchmarks and between a validation case's repeats, the ratio of
+    Why: on a shared machine the pace changes within seconds, even in CPU time (other tenants share the cores'
+    matrix units and caches; docs/cost.md records the spread seen). Timed between the calibration's benchmarks and between a validation case's repeats, the ratio of
     its medians says how much faster or slower each kind of work ran during the case than during the calibration
     (MEASURING.md: calibrate in the same run)."""
 
@@ -96,10 +92,9 @@ def time_generate(model, prompts: list[list[int]], new_tokens: int, repeats: int
     median over ``repeats`` calls, after a warm-up; a ``pulse`` is timed after the warm-up and after each call (its
     medians are returned under "pulse").
 
-    Why per-step stamps: decode used to be (a call for ``new_tokens`` - a call for one) / (new_tokens - 1), and
-    where the prefill dwarfs the steps (a 2,048-token prompt, ~50 ms, against 16 steps of ~0.7 ms) the prefill's
-    noise drowned them: the same model's figure came out 0.33-0.74 ms in four runs, and once negative (-0.46 ms
-    a step, a 1,024-token bf16 prompt). Changed 2026-12-01 (cost --validate's docstring records it)."""
+    Why per-step stamps: a difference of two calls ((a call for ``new_tokens`` - a call for one) / (new_tokens - 1))
+    lets the prefill's noise drown the steps where the prefill dwarfs them (a 2,048-token prompt against 16 short
+    steps), down to negative step times; stamps inside one call time the steps alone."""
     start, warm = time.perf_counter(), 0
     while warm < 2 or time.perf_counter() - start < min_warm_s:  # thread pools, allocator, first touch
         stamped_generate(model, prompts, new_tokens)
