@@ -115,5 +115,5 @@ def local(refresh: bool = False, dtypes: tuple[str, ...] | None = None,
 
 
 def spec(name: str, refresh: bool = False) -> Hardware:
-    """A spec by name: ``local`` measured here (``refresh``: measured again), any other from the datasheets."""
+    """A spec by name: ``local`` measured on the running machine (``refresh``: again), any other from the datasheets."""
     return local(refresh) if name == "local" else get(name)
