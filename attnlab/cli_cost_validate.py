@@ -72,6 +72,10 @@ def _print_run(res: dict, seed: int, seed_given: bool) -> None:
           f"{c['attention_tokens']}; one query over S {c['attention_keys']} keys")
     print(f"  elementwise layer mix on rows {c['elementwise_rows']} x W;  overhead probe: dim {p['dim']}, "
           f"{p['layers']} layers, {p['batch']} sequences, prompt {p['prompt']}")
+    comp = c.get("composition")
+    if comp:
+        print(f"  composition: the engine on whole models {[m[0] for m in comp['models']]} wide, prompt {comp['prompt']}, "
+              f"{comp['batch']} sequences, against the sum of their parts")
     print(f"  run {len(res['calibrations'])} times, before, between and after the cases; each case predicted from "
           "the two around it, at the pace a 150 ms pulse saw beside it")
     print(f"cases: {len(res['cases'])} drawn from measure.validate.SPACE with seed {seed} "

@@ -16,7 +16,9 @@ TINY_CALIBRATION = {"widths": (40, 72), "prefill_rows": (12, 36), "decode_rows":
                     "attention_heads": 2, "attention_tokens": (20, 44), "attention_head_dims": (8, 24),
                     "attention_keys": (12, 52), "elementwise_rows": (1, 12), "floor_width": 16, "cold_mib": (0, 1),
                     "probe": {"dim": 16, "n_heads": 2, "vocab_size": 32, "layers": (1, 3), "batch": (1, 2),
-                              "prompt": 6, "new_tokens": 4}, "head_vocab": 500}
+                              "prompt": 6, "new_tokens": 4}, "head_vocab": 500,
+                    "composition": {"models": ((24, 2, 1),), "prompt": 6, "batch": 2, "new_tokens": 4, "repeats": 2,
+                                    "processes": 1}}
 
 
 @pytest.fixture
@@ -53,6 +55,17 @@ def test_local_hardware_is_measured_and_cached(tiny_calibration):
         assert all(v >= 0 and v < float("inf") for v in pred[phase].values())
         assert pred[phase]["total"] == pytest.approx(sum(v for k, v in pred[phase].items() if k != "total"))
     assert cpu.overheads(hw.micro, "cpu")["decode"]["per_op_s"] >= 0
+    # the composition model was run by the engine and its ratio to the sum of its parts scales every part
+    rows = hw.micro["composition"]["rows"]
+    assert {r[3] for r in rows} == set(hw.micro["dtypes"]) and all(r[0] == 24 for r in rows)
+    (_, _, _, _, measured, summed), = [r for r in rows if r[3] == "fp32"]
+    assert measured["cpu"]["ttft"] > 0 and summed["cpu"]["prefill"] > 0
+    ratio = measured["cpu"]["ttft"] / summed["cpu"]["prefill"]
+    assert cpu.composition(hw.micro, "fp32", "cpu", "prefill", 48) == pytest.approx(ratio)
+    a, ops = from_model_config(_case(48, 2, 2, 10, 2).model_config()), pred["ops"]
+    plain = cpu.prefill_s(a, 2, 10, hw.micro, "fp32", ops, "cpu", composed=False)
+    assert pred["prefill"]["total"] != pytest.approx(plain["total"]) or ratio == pytest.approx(1.0)
+    assert cpu.prefill_s(a, 2, 10, hw.micro, "fp32", ops, "cpu")["total"] == pytest.approx(plain["total"] * ratio)
 
 
 def test_calibration_shapes_are_disjoint_from_the_validation_cases():
@@ -71,6 +84,8 @@ def test_calibration_shapes_are_disjoint_from_the_validation_cases():
         check_disjoint([_case(320, 2, 4, 48, 1)])
     with pytest.raises(ValueError, match="shares shapes"):  # the probe model itself
         check_disjoint([_case(16, 1, 2, 100, 1)])
+    with pytest.raises(ValueError, match="shares shapes"):  # a composition model itself
+        check_disjoint([_case(96, 2, 4, 128, 2)])
 
 
 def test_validation_cases_are_drawn_from_the_stated_space_by_the_seed():

@@ -16,6 +16,11 @@ limited by its own bottleneck):
               + L * B * Hkv * S * D * 2 * cache bytes / bytes/s(S, D)       (attention: one query)
               + L * elements(B, d) * s/element(B, d)
 
+and each phase's sum is then scaled by its ``composition``: how much longer the engine took than the same sum on
+whole models the calibration ran (measured / predicted, by dtype, interpolated in log width). The parts are timed
+one kernel at a time on warm inputs; in the engine each follows another that has just used the caches and the core,
+which the sum misses.
+
 head = the larger of its bytes / bytes/s(d, working set, B) and its weights * s/weight(d, B) read hot (a large
 vocabulary's head on a few rows can be bound by arithmetic, as bf16 without AMX is); sampler = B * V * s/logit(B).
 Each rate is interpolated (log-log, clamped at the ends) in the table measured at other shapes; each table's
@@ -232,9 +237,28 @@ def at_pace(parts: dict, phase: str, dtype: str, micro: dict, now_pulse: dict, c
     return out
 
 
-def prefill_s(a: Arch, batch: int, T: int, micro: dict, dtype: str, ops: dict, clock: str = "wall") -> dict:
+def composition(micro: dict, dtype: str, clock: str, phase: str, dim: int) -> float:
+    """How much longer the engine took than the sum of its parts on the calibration's whole models in this dtype
+    (calibrate.composition: measured / predicted), interpolated in log width and clamped at the ends; 1 where the
+    calibration has none."""
+    key = "ttft" if phase == "prefill" else "decode"
+    pts = [(r[0], r[4][clock][key] / r[5][clock][phase])
+           for r in micro.get("composition", {}).get("rows", []) if r[3] == dtype and r[5][clock][phase] > 0]
+    return _interp(pts, dim) if pts else 1.0
+
+
+def _composed(parts: dict, micro: dict, dtype: str, clock: str, phase: str, dim: int, composed: bool) -> dict:
+    f = composition(micro, dtype, clock, phase, dim) if composed else 1.0
+    parts = {k: v * f for k, v in parts.items()}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def prefill_s(a: Arch, batch: int, T: int, micro: dict, dtype: str, ops: dict, clock: str = "wall",
+              composed: bool = True) -> dict:
     """Predicted seconds of the engine's prefill (time to first token) of ``batch`` prompts of T tokens, by part.
-    ``ops``: the tracer's counts (engine_timing.op_counts)."""
+    ``ops``: the tracer's counts (engine_timing.op_counts). ``composed``: each part scaled by ``composition``
+    (False: the plain sum of the parts, which the calibration compares with the engine)."""
     o = overheads(micro, clock)["prefill"]
     M, L, D = batch * T, a.n_layers, a.head_dim
     layer_w, head_w = _matrix_params(a)
@@ -255,8 +279,7 @@ def prefill_s(a: Arch, batch: int, T: int, micro: dict, dtype: str, ops: dict, c
         "sampling": _sampling_s(micro, dtype, clock, a, batch),
         "kv_cache": kv_touch / touch_bw,
     }
-    parts["total"] = sum(parts.values())
-    return parts
+    return _composed(parts, micro, dtype, clock, "prefill", a.dim, composed)
 
 
 def cache_bytes(dtype: str, micro: dict) -> int:
@@ -271,8 +294,10 @@ def attention_dtype(dtype: str, micro: dict) -> str:
     return "bf16" if cache_bytes(dtype, micro) == 2 else "fp32"
 
 
-def decode_s(a: Arch, batch: int, S: int, micro: dict, dtype: str, ops: dict, clock: str = "wall") -> dict:
-    """Predicted seconds of one decode step of ``batch`` sequences with S tokens cached, by part."""
+def decode_s(a: Arch, batch: int, S: int, micro: dict, dtype: str, ops: dict, clock: str = "wall",
+             composed: bool = True) -> dict:
+    """Predicted seconds of one decode step of ``batch`` sequences with S tokens cached, by part (``composed``: as
+    prefill_s's)."""
     o = overheads(micro, clock)["decode"]
     L, D = a.n_layers, a.head_dim
     layer_w, head_w = _matrix_params(a)
@@ -295,5 +320,4 @@ def decode_s(a: Arch, batch: int, S: int, micro: dict, dtype: str, ops: dict, cl
         "elementwise": L * _layer_elements(a, 1, S, batch, dtype)
         * _elementwise_s_per_element(micro, dtype, clock, batch, a.dim),
     }
-    parts["total"] = sum(parts.values())
-    return parts
+    return _composed(parts, micro, dtype, clock, "decode", a.dim, composed)

@@ -115,6 +115,28 @@ def time_generate(model, prompts: list[list[int]], new_tokens: int, repeats: int
     return out
 
 
+def time_model(cfg, dtype: str, batch: int, prompt: int, new_tokens: int, repeats: int, min_warm_s: float = 0.5,
+               pulse: Pulse | None = None) -> dict:
+    """``time_generate`` of a model of ``cfg`` with random weights (seed 0: the same in every run), set to ``dtype``
+    for ``batch`` rows as a server would (set_precision), on ``batch`` random prompts of ``prompt`` tokens."""
+    from attnlab.engine.quantize import set_precision
+    from attnlab.models import build_model
+
+    torch.manual_seed(0)
+    model = set_precision(build_model(cfg), dtype, rows=batch)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, cfg.vocab_size, (prompt,), generator=g).tolist() for _ in range(batch)]
+    return time_generate(model, prompts, new_tokens, repeats, min_warm_s=min_warm_s, pulse=pulse)
+
+
+def time_model_json(cfg: dict, dtype: str, batch: int, prompt: int, new_tokens: int, repeats: int) -> dict:
+    """``time_model`` on a ModelConfig given as a dict (what a fresh process receives: timing.run_fresh)."""
+    from attnlab.config import ModelConfig
+
+    with torch.inference_mode():
+        return time_model(ModelConfig(**cfg), dtype, batch, prompt, new_tokens, repeats, min_warm_s=1.0)
+
+
 def op_counts(cfg, batch: int, prompt: int, context: int, dtype: str = "fp32") -> dict:
     """The tracer's op and matmul counts of the engine's prefill and of one decode step (trace.engine_ops)."""
     from attnlab.measure.trace import engine_ops
@@ -127,9 +149,6 @@ def op_counts(cfg, batch: int, prompt: int, context: int, dtype: str = "fp32") -
 def probe() -> dict:
     """Engine timings of the tiny probe model (fp32): [[layers, batch, timings, ops]], ops = the tracer's counts
     {"prefill": n, "decode": n, "prefill_matmuls": n, "decode_matmuls": n}."""
-    from attnlab.engine.quantize import set_precision
-    from attnlab.models import build_model
-
     p = CALIBRATION["probe"]
     rows = []
     for layers in p["layers"]:
@@ -137,10 +156,6 @@ def probe() -> dict:
             if batch > 1 and layers > min(p["layers"]):
                 continue
             cfg = _probe_config(layers)
-            torch.manual_seed(0)
-            model = set_precision(build_model(cfg), "fp32", rows=batch)
-            g = torch.Generator().manual_seed(0)
-            prompts = [torch.randint(0, cfg.vocab_size, (p["prompt"],), generator=g).tolist() for _ in range(batch)]
-            t = time_generate(model, prompts, p["new_tokens"], repeats=5)
+            t = time_model(cfg, "fp32", batch, p["prompt"], p["new_tokens"], repeats=5)
             rows.append([layers, batch, t, op_counts(cfg, batch, p["prompt"], p["prompt"] + p["new_tokens"] // 2)])
     return {"rows": rows}

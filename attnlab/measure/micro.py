@@ -20,13 +20,21 @@ CALIBRATION = {
     # (hundreds of MiB), so the largest sets read from DRAM as a large model's decode does; a table that stops
     # inside the cache predicts every larger model too fast.
     "working_sets_mib": (1, 4, 16, 64, 160, 640),
-    "attention_heads": 3,
+    # Heads of every attention call: as many as a small model's (GPT-2 small has 12). A call's cost beyond its floor
+    # (the tiny shape's) grows by a fixed cost per head as well as by the head's arithmetic, and with 3 heads the
+    # floor held a larger share of it: short bf16 prefills were predicted 2-3x too fast per head.
+    "attention_heads": 12,
     "attention_tokens": (96, 384, 1536),  # T of a causal prefill SDPA call
     "attention_head_dims": (24, 48, 96),
     "attention_keys": (40, 400, 4000),  # S cached keys of a one-query decode SDPA call
     "elementwise_rows": (1, 8, 48, 320, 1536),  # M x W of the elementwise layer mix (skipped above 2M elements)
     "probe": {"dim": 16, "n_heads": 2, "vocab_size": 32, "layers": (1, 16), "batch": (1, 6), "prompt": 24,
               "new_tokens": 17},
+    # Whole models the engine runs in a fresh process, as a validation case is run, to measure how far the engine
+    # is from the sum of its parts (cost.cpu.composition): (dim, heads, layers), at widths no validation draws (it
+    # draws multiples of 64 from 128 to 1,024) and head dims it never uses (it uses 32 and 64).
+    "composition": {"models": ((96, 4, 2), (1280, 16, 2)), "prompt": 128, "batch": 2, "new_tokens": 17,
+                    "repeats": 3, "processes": 2},
     "floor_width": 16,  # the tiny shape of each floor
     "cold_mib": (0, 0.5, 2, 8, 32),  # bytes streamed just before the floor's mix, for the cold-dispatch table
     # The head and sampler table's vocabulary: not one a validation draws (256 or GPT-2's 50,257), as large as

@@ -148,16 +148,10 @@ def check_disjoint(cases) -> None:
 def measure(case: Case, repeats: int) -> dict:
     """Time the engine on one case in this process (set_precision for the case's batch, as a server would), with
     the calibration's pulse timed between the repeats."""
-    from attnlab.measure.engine_timing import Pulse, time_generate
-    from attnlab.engine.quantize import set_precision
-    from attnlab.models import build_model
+    from attnlab.measure.engine_timing import Pulse, time_model
 
-    cfg = case.model_config()
-    torch.manual_seed(0)  # the same random weights in every run
-    model = set_precision(build_model(cfg), case.dtype, rows=case.batch)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, cfg.vocab_size, (case.prompt,), generator=g).tolist() for _ in range(case.batch)]
-    return time_generate(model, prompts, NEW_TOKENS, repeats, min_warm_s=1.0, pulse=Pulse((case.dtype, "fp32")))
+    return time_model(case.model_config(), case.dtype, case.batch, case.prompt, NEW_TOKENS, repeats, min_warm_s=1.0,
+                      pulse=Pulse((case.dtype, "fp32")))
 
 
 def measure_case(case: dict, repeats: int) -> dict:
