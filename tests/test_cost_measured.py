@@ -85,7 +85,7 @@ def test_calibration_shapes_are_disjoint_from_the_validation_cases():
     with pytest.raises(ValueError, match="shares shapes"):  # the probe model itself
         check_disjoint([_case(16, 1, 2, 100, 1)])
     with pytest.raises(ValueError, match="shares shapes"):  # a composition model itself
-        check_disjoint([_case(96, 2, 4, 128, 2)])
+        check_disjoint([_case(160, 6, 4, 128, 2)])
 
 
 def test_validation_cases_are_drawn_from_the_stated_space_by_the_seed():

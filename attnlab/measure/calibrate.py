@@ -22,7 +22,7 @@ whole model, but one 16 wide, which ``attnlab cost --validate`` never validates.
 - ``probe`` (engine_timing.py): a 16-wide transformer of 1 and 16 layers, run by the engine (1 and 6
   sequences): the fixed cost of each dispatched op and of each engine step;
 - ``memory``: the bandwidth of a large sum (reading) and of first-touch writes to fresh zeros (a new KV cache);
-- ``composition``: two whole models (96 and 1,280 wide, widths no validation draws) run by the engine in fresh
+- ``composition``: two whole models (160 and 800 wide, 6 layers, widths no validation draws) run by the engine in fresh
   processes, beside the sum of their parts as ``cost.cpu`` predicts it from the tables above: how much the
   engine's sequence of kernels costs beyond the same kernels timed one at a time;
 - ``pulse``: a 150 ms reference of the machine's pace (``engine_timing.Pulse``), timed between the benchmarks,

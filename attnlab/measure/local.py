@@ -17,7 +17,7 @@ from attnlab.cost.hardware import Hardware, from_micro, get
 GB = 1e9
 # Bumped whenever the micro-benchmarks or the fields they record change, so an older cache entry (other fields,
 # other shapes) is measured again. 9: micro records whether attnlab's compiled kernels ran.
-CALIBRATION_VERSION = 10
+CALIBRATION_VERSION = 11
 
 
 def _cache_path() -> Path:
