@@ -134,6 +134,19 @@ def cpu_capabilities() -> CpuCapabilities:
                            amx_bf16="amx_bf16" in flags, flags_known=known)
 
 
+def last_level_cache_bytes() -> int | None:
+    """Size of the largest CPU cache (Linux sysfs), or None where it cannot be read."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = f.read_text().strip().upper()
+            sizes.append(int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]] if text[-1] in "KMG"
+                         else int(text))
+        except (OSError, ValueError):
+            continue
+    return max(sizes) if sizes else None
+
+
 def cpu_name() -> str:
     return cpu_capabilities().model
 
@@ -260,6 +273,7 @@ def machine_context(seed: int | None = None, dtype: str = "fp32", device: str | 
                 "avx2": caps.avx2, "avx512f": caps.avx512f, "avx512_bf16": caps.avx512_bf16, "amx_bf16": caps.amx_bf16,
                 "known": caps.flags_known},
             "onednn_bf16": caps.onednn_bf16, "amx": caps.amx_bf16, "native_bf16": native_bf16(device),
+            "last_level_cache_bytes": last_level_cache_bytes(),
             "gpu": gpu, "device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": sys.version.split()[0], "dtype": dtype, "seed": seed, "command": " ".join(sys.argv),
             "git": code_version(), "attnlab_kernels": _kernels_status(),

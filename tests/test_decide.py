@@ -143,7 +143,14 @@ def test_e02():
     # the fused kernel below the loop: the new wording does not ask; the old one ("narrows the gap") does
     m = _e02((0.35, 0.37), (0.15, 0.17), (0.02, 0.03))
     assert _check("e02_parallel_idle", m, SUPPORTED) and e02.decide_old(m).verdict == NOT_SUPPORTED
-    _check("e02_parallel_idle", _e02((0.10, 0.20), (0.15, 0.17)), INCONCLUSIVE)
+    _check("e02_parallel_idle", _e02((0.10, 0.20), (0.15, 0.17), (0.02, 0.03)), INCONCLUSIVE)
+    # "busier" is by a material margin (10%): above the fused kernel beyond the spread but by 5% is not a finding of
+    # the claim, and reads supported only without the margin (the threshold before 2026-12-04, shown beside)
+    m = _e02((0.42, 0.43), (0.02, 0.03), (0.40, 0.41))
+    assert _check("e02_parallel_idle", m, NOT_SUPPORTED) and e02.decide_no_margin(m).verdict == SUPPORTED
+    assert any("before 2026-12-04" in r and SUPPORTED in r for r in _check("e02_parallel_idle", m, NOT_SUPPORTED).reasons)
+    _check("e02_parallel_idle", _e02((0.47, 0.48), (0.02, 0.03), (0.40, 0.41)), SUPPORTED)  # 15% above
+    _check("e02_parallel_idle", _e02((0.43, 0.46), (0.02, 0.03), (0.40, 0.41)), INCONCLUSIVE)  # straddles 1.1x
     # outside the regime: LSTMs of unequal size, a share above the measured peak, or hardware one step fills
     for kw in ({"lstm_params": 2.2e6}, {"top": 1.3}, {"step_share": 0.8}):
         out = _check("e02_parallel_idle", _e02((0.35, 0.37), (0.02, 0.03), **kw), INCONCLUSIVE)
@@ -513,6 +520,19 @@ def test_e13_outside_its_regime_is_inconclusive(outside):
     slow_round = _e13([0.8, 0.9, 0.85])
     slow_round["rounds"][1]["step_s"] = 9e-3  # one round's decode step outside: the verdict is not a finding
     assert _check("e13_speculative", slow_round, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+
+
+def test_e13_chooses_k_with_a_margin_inside_the_verify_bound():
+    """The reference's tuning table: k=6 verified in 1.498 one-row steps (just inside 1.5) and read 1.51-1.55 before
+    the held-out rounds; with the margin the fastest eligible k is 4 (1.296)."""
+    from attnlab.experiments.e13_speculative import CHOICE_MARGIN, VERIFY_VS_STEP, eligible_settings
+
+    tuned = [{"k": k, "speedup": s, "identical": True, "verify_vs_step": v}
+             for k, s, v in ((2, 1.78, 1.341), (3, 2.40, 1.185), (4, 2.71, 1.296), (6, 2.94, 1.498))]
+    assert VERIFY_VS_STEP / CHOICE_MARGIN < 1.498
+    assert max(eligible_settings(tuned), key=lambda r: r["speedup"])["k"] == 4
+    # none within the margin: every identical k stays eligible, and condition (2) reads not met for the one chosen
+    assert [r["k"] for r in eligible_settings([dict(r, verify_vs_step=1.45) for r in tuned])] == [2, 3, 4, 6]
 
 
 # --- claims 14-16: facts planted in real text (needle.py) --------------------------------------------------------

@@ -67,15 +67,40 @@ CHANGES = [
              "alone would read supported, TPOT x0.94-1.19 from 64 to 512 tokens); after, on the larger model "
              "(403 MB): supported in each of 3 rounds (8 sequences / 1: 1.60-1.77x; bytes per step x1.23 from 64 to "
              "1,536 tokens, the whole range in the flat regime; TPOT x1.09-1.39; prefill 16-21x decode tokens/s).")},
+    {"date": "2026-12-04", "what": "method: at full scale the model deepened until its weights are twice the last-level cache",
+     "old": "1,024 wide, 8 layers (~100M parameters, 403 MB fp32) at both scales",
+     "new": ("at full scale as many layers (8 to MAX_LAYERS = 24) as make the fp32 layer weights >= 2x the CPU's "
+             "last-level cache (runtime.last_level_cache_bytes: 20 layers, 1.0 GB, on a 480 MiB cache), the cache "
+             "size recorded; quick scale unchanged. REGIME and THRESHOLD unchanged"),
+     "why": ("On a host whose last-level cache is 480 MiB the 403 MB model fit in it, and 8 sequences decoded in "
+             "2.02x, 2.05x and 1.92x the time of one (reference at c6f02a9), straddling the <= 2x bound from round to "
+             "round: the verdict then says which way a 5% wobble went, not whether TPOT stays flat. A model sized "
+             "from the machine's own cache reads its weights from memory on any host. Verdict before: inconclusive "
+             "(regime not reached in 2 of 3 rounds; the third read supported; the data alone read supported, prefill "
+             "26-27x decode tokens/s, TPOT x1.25-1.34 from 64 to 1,536 tokens). Verdict after: reports/HISTORY.md, "
+             "the reference run at the commit that made this change.")},
 ]
-EST_S = {"quick": 28, "full": 100}  # seconds on a 2-core CPU: the report's progress estimate
+EST_S = {"quick": 28, "full": 170}  # seconds on a 2-core CPU: the report's progress estimate
 MIN_RATIO, FLAT_TPOT, REPEATS, BATCH = 5, 1.5, FULL_REPEATS, 8
 MIN_PROMPT, MIN_RANGE, MAX_BATCH_COST = 512, 8, 2.0
 FLAT_BYTES = 1.25  # the flat-TPOT half's regime: a step's bytes (weights + cache) at most this many times the shortest's
-# ~100M parameters (403 MB fp32), over small-10m's other settings, at both scales: larger than a server CPU's last-level
-# cache, so that decode streams the weights from memory (a model that fits in the cache decodes from it, and a batch of 8
-# then costs arithmetic, outside the regime; CHANGES has the figures).
+# Over small-10m's other settings: 1,024 wide, 8 layers (~100M parameters, 403 MB fp32) at quick scale; at full scale
+# as many layers (up to MAX_LAYERS) as make the weights >= CACHE_MULTIPLE x this CPU's last-level cache, so that decode
+# streams the weights from memory. A model that fits in the cache decodes from it, and a batch of 8 then costs
+# arithmetic, outside the regime (CHANGES has the figures).
 MODEL = dict(dim=1024, n_layers=8, n_heads=16)
+CACHE_MULTIPLE, MAX_LAYERS = 2, 24
+
+
+def model_shape(scale: str) -> dict:
+    """MODEL, deepened at full scale until its fp32 layer weights are CACHE_MULTIPLE x the last-level cache."""
+    from attnlab.runtime import last_level_cache_bytes
+
+    llc = last_level_cache_bytes()
+    if scale == "quick" or not llc:
+        return dict(MODEL)
+    layer_bytes = 12 * MODEL["dim"] ** 2 * 4
+    return {**MODEL, "n_layers": min(MAX_LAYERS, max(MODEL["n_layers"], -(-CACHE_MULTIPLE * llc // layer_bytes)))}
 
 
 def _batch_cost(model, vocab) -> float:
@@ -88,7 +113,8 @@ def _batch_cost(model, vocab) -> float:
 
 def measure(scale: str, device: str) -> dict:
     torch.manual_seed(0)
-    cfg = preset("small-10m", max_seq_len=2048, **MODEL)
+    shape = model_shape(scale)
+    cfg = preset("small-10m", max_seq_len=2048, **shape)
     model = build_model(cfg, device)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # before set_precision repacks them
     model = set_precision(model, "fp32")
@@ -116,7 +142,10 @@ def measure(scale: str, device: str) -> dict:
              "kv_share": kv_bytes(T) / weight_bytes,
              "decode_depth_layer_steps": new * cfg.n_layers, "prefill_depth_layer_steps": cfg.n_layers}
             for i, T in enumerate(lens)]
+    from attnlab.runtime import last_level_cache_bytes
+
     return {"rounds": rounds, "rows": rows, "new_tokens": new, "batch": BATCH, "weight_bytes": weight_bytes,
+            "model": shape, "last_level_cache_bytes": last_level_cache_bytes(),
             "step_times_s": [b - a for a, b in zip(last.timings_s, last.timings_s[1:])]}
 
 
@@ -189,8 +218,10 @@ def run(scale: str, device: str) -> Outcome:
                              Series("decode", lens, [r["decode_tok_per_s"] for r in rows])], log_y=True),
                        Plot("Time per output token vs position", "output position", "seconds",
                             [Series("step time", list(range(1, len(per_token) + 1)), per_token)])], rows,
-                      [f"Model: a transformer of {m['weight_bytes'] / 4e6:.0f}M parameters (fp32) with random weights "
-                       "(speed does not depend on the weights).",
+                      [f"Model: a transformer of {m['weight_bytes'] / 4e6:.0f}M parameters (fp32, {m['model']['n_layers']} "
+                       f"layers of width {m['model']['dim']}) with random weights (speed does not depend on the weights)"
+                       + (f"; this CPU's last-level cache: {m['last_level_cache_bytes'] / 2 ** 20:.0f} MiB."
+                          if m.get("last_level_cache_bytes") else "."),
                        "Depth of generating m tokens: m x n_layers dependent layer steps, against n_layers for the prompt.",
                        f"{REPEATS} rounds, each timing every length once after one warm-up generation per length; the "
                        "table shows the median over rounds."])

@@ -5,8 +5,9 @@ k+1 tokens in one pass costs about one step, and a draft much cheaper than that 
 The target is trained on the embedded corpus (bf16 autocast where that is faster than fp32), drafts are distilled from its own greedy
 continuations (logits computed once); the draft and k are chosen on tuning prompts, and the choice is timed on
 held-out prompts over several rounds, plain and speculative decoding alternating, each call on one wall clock.
-Only a k whose verify pass over k+1 rows costs at most VERIFY_VS_STEP one-row steps (measured on a tuning prompt) can
-be chosen: past it the pass is no longer nearly free, the claim's premise, on this hardware.
+Only a k whose verify pass over k+1 rows costs at most VERIFY_VS_STEP / CHOICE_MARGIN one-row steps (measured on a
+tuning prompt) can be chosen: past VERIFY_VS_STEP the pass is no longer nearly free, the claim's premise, on this
+hardware, and the margin keeps the chosen k inside that bound when it is measured again before each held-out round.
 """
 import copy
 
@@ -32,6 +33,7 @@ THRESHOLD = ("Per held-out round: supported if greedy output is identical (at ev
              "draft chosen on tuning prompts is >= 1.2; not supported if outputs differ or the speedup is < 1.0. "
              "The rounds must agree.")
 STEP_VS_BANDWIDTH, VERIFY_VS_STEP, DRAFT_VS_STEP, AGREEMENT = 1.5, 1.5, 0.2, 0.6  # the REGIME's bounds
+CHOICE_MARGIN = 1.15  # a k is chosen only where its tuning verify is this far inside VERIFY_VS_STEP (CHANGES)
 LEARNED_LOSS = 2.0  # nats/byte on held-out text; a unigram model of the corpus scores about 3.1
 REGIME = (f"A target whose decode is bound by memory bandwidth and a draft that is cheap and often agrees, each measured "
           f"in the same run: (1) the target's plain decode step takes <= {STEP_VS_BANDWIDTH}x its fp32 weight bytes / "
@@ -123,6 +125,17 @@ CHANGES = [
              "whenever one claim's last run or a two-thread run of a small model (which gains 1.0-1.9x from the second "
              "thread) held the machine. The same recipe on one thread sums in another order, so the target differs in "
              "its last bits. Verdict before: supported (reference 51ff1f2); after: the next full run.")},
+    {"date": "2026-12-04", "what": "method: k chosen with a margin inside the verify bound",
+     "old": "k chosen among those whose tuning verify pass took <= VERIFY_VS_STEP (1.5) one-row steps",
+     "new": ("k chosen among those whose tuning verify pass took <= VERIFY_VS_STEP / CHOICE_MARGIN (1.5 / 1.15 = 1.30) "
+             "one-row steps; REGIME bounds and THRESHOLD unchanged"),
+     "why": ("Choosing the fastest k under the same bound that the regime checks again afterwards puts the chosen k "
+             "at the bound by construction: the reference at c6f02a9 chose k=6 at a tuning verify of 1.498, which "
+             "read 1.512, 1.513 and 1.551 before the three held-out rounds (regime not reached in each), while k=4 "
+             "(1.296 on tuning, speedup 2.71x) sat well inside. The margin covers the 1-4% the same verify moved "
+             "between measurements several times over. Verdict before: inconclusive (regime not reached in all 3 "
+             "rounds; the data alone read supported, 2.77-2.92x held out). Verdict after: reports/HISTORY.md, the "
+             "reference run at the commit that made this change.")},
 ]
 EST_S = {"quick": 5, "full": 320}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
 TRAIN_EST_S = {"quick": 5, "full": 350}  # this claim's share of the training stage (training.py), in seconds
@@ -315,10 +328,11 @@ def measure(scale: str, device: str) -> dict:
 
 
 def eligible_settings(tuned: list[dict]) -> list[dict]:
-    """The tuning rows a k may be chosen from: greedy output identical and the verify pass within VERIFY_VS_STEP
-    one-row steps; failing that, the identical ones (condition (2) then reads not met); failing that, all."""
+    """The tuning rows a k may be chosen from: greedy output identical and the verify pass within VERIFY_VS_STEP /
+    CHOICE_MARGIN one-row steps; failing that, the identical ones (condition (2) then reads not met); failing that,
+    all."""
     same = [r for r in tuned if r["identical"]]
-    cheap = [r for r in same if r.get("verify_vs_step", float("inf")) <= VERIFY_VS_STEP]
+    cheap = [r for r in same if r.get("verify_vs_step", float("inf")) <= VERIFY_VS_STEP / CHOICE_MARGIN]
     return cheap or same or tuned
 
 

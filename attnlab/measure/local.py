@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from attnlab import runtime
 from attnlab.cost.hardware import Hardware, from_micro, get
 
 GB = 1e9
@@ -33,19 +34,6 @@ def _ram_bytes() -> float:
         return 16 * GB
 
 
-def last_level_cache_bytes() -> int | None:
-    """Size of the largest CPU cache (Linux sysfs), or None where it cannot be read."""
-    sizes = []
-    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        try:
-            text = f.read_text().strip().upper()
-            sizes.append(int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]] if text[-1] in "KMG"
-                         else int(text))
-        except (OSError, ValueError):
-            continue
-    return max(sizes) if sizes else None
-
-
 def calibrate(dtypes: tuple[str, ...] | None = None, modules: dict | None = None,
               cancel: threading.Event | None = None) -> Hardware:
     """Measure this machine now with the micro-benchmarks of ``calibrate`` (matmul throughput and weight streaming
@@ -62,7 +50,7 @@ def calibrate(dtypes: tuple[str, ...] | None = None, modules: dict | None = None
     micro = cal.run(dtypes, modules, cancel)
     source = (f"measured {time.strftime('%Y-%m-%d %H:%M')} on {cpu_name()}, {torch.get_num_threads()} threads, "
               f"torch {torch.__version__}, micro-benchmarks v{CALIBRATION_VERSION} ({micro['seconds']:.0f} s)")
-    return from_micro(micro, ram_bytes=_ram_bytes(), cache_bytes=last_level_cache_bytes(), source=source)
+    return from_micro(micro, ram_bytes=_ram_bytes(), cache_bytes=runtime.last_level_cache_bytes(), source=source)
 
 
 def _local_key() -> str:
