@@ -83,10 +83,6 @@ def test_every_claim_states_its_regime():
     assert not missing, f"claims without a REGIME (where the claim applies, stated before measuring): {missing}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "reports/cpu-full (c6f02a9) predates the cost model's composition scale (cost/cpu.py, which claim 11 runs) and "
-    "the redesigns of claims 2, 9 and 13; it is regenerated from a clean tree in a following commit (strict: once it "
-    "is current, this marker must go)"))
 def test_reference_report_matches_the_code_its_claims_run():
     results = json.loads(REFERENCE.read_text())
     assert reference_status(results["context"])["usable"], "the reference report was written from a dirty tree"
