@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from attnlab.cli_args import add_config_flags, add_threads, add_weight_dtype, config_from_flags
+from attnlab.cli_explain import add_explain_command
 from attnlab.cli_generate import add_generate_command
 from attnlab.cli_measure import add_measure_commands, warn_if_emulated
 from attnlab.cli_recsys import add_recsys_command
@@ -280,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     add_generate_command(sub)
+    add_explain_command(sub)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (continuous batching, prefix cache, live page)")
     p.add_argument("checkpoint", help="attnlab checkpoint folder or Hugging Face model folder")

@@ -97,6 +97,30 @@ def _fmt(v):
     return v
 
 
+# The view of `attnlab explain` that shows each claim's mechanism on the reader's own model (its tab's anchor, and
+# what to look at there).
+EXPLAIN_VIEWS = {
+    "work_depth": ("recurrence", "one dependent step per token and layer, against attention's one pass"),
+    "parallel_idle": ("recurrence", "the chain a recurrent model cannot start before the previous step ends"),
+    "path_length": ("recurrence", "how far back a token's influence still reaches through the chain"),
+    "permutation": ("order", "the shuffled prompt's weights without positions: the permuted original"),
+    "extrapolation": ("order", "RoPE's score as a function of distance"),
+    "quadratic": ("grid", "n(n+1)/2 score cells per head beside the measured prefill time"),
+    "ffn_share": ("grid", "the prefill time as n grows, against the score cells"),
+    "remedies": ("attention", "a sliding or sparse checkpoint's mask in the heatmap"),
+    "prefill_decode": ("decode", "the grid filled at once, then one row per token, with each step's time"),
+    "kv_cache": ("decode", "the cached keys each new row reads, the cache growing block by block"),
+    "input_cheaper": ("decode", "a prompt's rows in one step against one row per output token"),
+    "long_chats": ("grid", "the prefill time of a longer context"),
+    "speculative": ("decode", "one decode step's time: what a verify pass of k+1 rows competes with"),
+    "attention_budget": ("budget", "the last row's entropy and its weight on the prompt as text is added"),
+    "position": ("attention", "where each token's weight goes, row by row"),
+    "send_relevant": ("budget", "the weight irrelevant text takes from the prompt"),
+    "split_devices": ("recurrence", "the chain a nonlinear recurrence runs, step after step"),
+    "recsys": ("attention", "what each position of a sequence reads"),
+}
+
+
 def render(results: dict) -> str:
     import jinja2
 
@@ -109,7 +133,8 @@ def render(results: dict) -> str:
     for c in results["claims"]:
         columns = list(dict.fromkeys(k for row in c.get("table", []) for k in row))  # rows may differ: the union
         claims.append({**c, "svgs": [svg(p) for p in c.get("plots", [])], "columns": columns,
-                       "label": c.get("label") or label(c["verdict"], c.get("qualifier", ""))})
+                       "label": c.get("label") or label(c["verdict"], c.get("qualifier", "")),
+                       "explain": EXPLAIN_VIEWS.get(c.get("slug"))})
     ref = results.get("reference") or reference_status(results["context"])
     return env.from_string(TEMPLATE.read_text()).render(claims=claims, ctx=results["context"], scale=results["scale"],
                                                         total_s=results.get("total_s", 0.0), reference=ref,

@@ -25,6 +25,42 @@ from attnlab.serve.routes import add_error_handlers, add_routes
 from attnlab.serve.worker import Worker
 
 
+def add_explain_tab(app: FastAPI, served: C.Served, cfg: ServeConfig) -> None:
+    """``attnlab explain``'s views under /explain, on a copy of the model loaded from the same folder on first use
+    (recording a pass swaps a model's kernels: never on the model the engine is serving; the copy costs its memory
+    once more), behind the same API key."""
+    import threading as _threading
+
+    from attnlab.explain.app import router
+    from attnlab.serve import predict as P
+    from attnlab.serve.guard import check_key
+    from attnlab.serve.protocol import ApiError
+
+    held, lock = {}, _threading.Lock()
+
+    def explained():
+        with lock:
+            if "ex" not in held:
+                from attnlab.explain.views import Explained
+                from attnlab.loading import load_any
+
+                loaded = load_any(served.path)
+                held["ex"] = Explained(loaded.model.eval(), loaded.tokenizer, served.name)
+            return held["ex"]
+
+    def authorize(request: Request) -> str | None:
+        try:
+            check_key(cfg, request)
+        except ApiError as e:
+            return e.message + " (the server's page keeps the key for this tab: enter it there)"
+        return None
+
+    def predict(model_cfg, n: int):
+        return P.predict(model_cfg, n, 1)["ttft_uncached_s"] if P.ready() else None
+
+    app.include_router(router(explained, predict, authorize), prefix="/explain")
+
+
 def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None) -> FastAPI:
     if worker is None:
         engine = Engine(served.model, cfg.engine_config(getattr(served.model, "cache_dtype", None)), served.tokenizer)
@@ -46,6 +82,7 @@ def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None)
         return await completions(request, "chat")
 
     add_routes(app, served, cfg, worker, metrics, calibration_cancel)
+    add_explain_tab(app, served, cfg)
     add_error_handlers(app)
 
     def calibrate() -> None:

@@ -28,6 +28,11 @@ def hardware(cancel: threading.Event | None = None):
         return _hw
 
 
+def ready() -> bool:
+    """Whether this machine's spec is measured (or read from the disk cache) in this process already."""
+    return _hw is not None
+
+
 def _forward_s(a, hw, dtype: str, T: int, S: int, head_rows: int | None) -> float:
     ops = analytic.OPS_PER_LAYER * a.n_layers + 4
     return analytic.roofline_s(analytic.forward_flops(a, T, S, head_rows=head_rows)["total"],
