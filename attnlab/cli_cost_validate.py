@@ -74,8 +74,9 @@ def _print_run(res: dict, seed: int, seed_given: bool) -> None:
           f"{p['layers']} layers, {p['batch']} sequences, prompt {p['prompt']}")
     comp = c.get("composition")
     if comp:
-        print(f"  composition: the engine on whole models {[m[0] for m in comp['models']]} wide, prompt {comp['prompt']}, "
-              f"{comp['batch']} sequences, against the sum of their parts")
+        models = ", ".join(f"{m[0]} wide x {m[2]} layers" for m in comp["models"])
+        print(f"  composition: the engine on whole models ({models}), prompt {comp['prompt']}, "
+              f"{comp['batch']} sequences, against the sum of their parts (run once, in the first calibration)")
     print(f"  run {len(res['calibrations'])} times, before, between and after the cases; each case predicted from "
           "the two around it, at the pace a 150 ms pulse saw beside it")
     print(f"cases: {len(res['cases'])} drawn from measure.validate.SPACE with seed {seed} "

@@ -61,7 +61,7 @@ def test_local_hardware_is_measured_and_cached(tiny_calibration):
     (_, _, _, _, measured, summed), = [r for r in rows if r[3] == "fp32"]
     assert measured["cpu"]["ttft"] > 0 and summed["cpu"]["prefill"] > 0
     ratio = measured["cpu"]["ttft"] / summed["cpu"]["prefill"]
-    assert cpu.composition(hw.micro, "fp32", "cpu", "prefill", 48) == pytest.approx(ratio)
+    assert cpu.composition(hw.micro, "fp32", "cpu", "prefill", 48, 2) == pytest.approx(ratio)
     a, ops = from_model_config(_case(48, 2, 2, 10, 2).model_config()), pred["ops"]
     plain = cpu.prefill_s(a, 2, 10, hw.micro, "fp32", ops, "cpu", composed=False)
     assert pred["prefill"]["total"] != pytest.approx(plain["total"]) or ratio == pytest.approx(1.0)
@@ -198,6 +198,44 @@ def test_cpu_prediction_is_the_sum_of_its_parts(monkeypatch):
     assert cpu.prefill_s(a, 2, 100, micro, "bf16", ops)["attention"] == pytest.approx(2 * pre["attention"])
 
 
+def test_composition_is_interpolated_in_depth_then_width():
+    """The whole-model ratio (measured / sum of parts) moves with depth as well as width: log-log within each
+    width's models, then across widths, clamped at the ends."""
+    import math
+
+    from attnlab.cost import cpu
+
+    def row(dim, layers, ratio):
+        t = {"ttft": ratio * 1e-3, "decode": 2 * ratio * 1e-4}
+        summed = {c: {"prefill": 1e-3, "decode": 2e-4} for c in ("wall", "cpu")}
+        return [dim, 4, layers, "fp32", {"wall": t, "cpu": t}, summed]
+
+    micro = {"composition": {"rows": [row(100, 2, 1.6), row(100, 8, 1.1), row(400, 2, 1.2), row(400, 8, 1.0)]}}
+    f = lambda dim, layers, phase="prefill": cpu.composition(micro, "fp32", "cpu", phase, dim, layers)  # noqa: E731
+    assert f(100, 2) == pytest.approx(1.6) and f(100, 8) == pytest.approx(1.1)
+    assert f(400, 8, "decode") == pytest.approx(1.0)
+    assert f(100, 4) == pytest.approx(math.sqrt(1.6 * 1.1))  # halfway in log depth: the geometric mean
+    assert f(50, 1) == pytest.approx(1.6) and f(800, 12) == pytest.approx(1.0)  # clamped at both ends
+    assert f(200, 2) == pytest.approx(math.sqrt(1.6 * 1.2))
+    assert cpu.composition(micro, "bf16", "cpu", "prefill", 100, 2) == 1.0  # no bf16 models: the plain sum
+
+
+def test_a_case_is_the_faster_of_its_processes(monkeypatch):
+    """Each figure of a validation case is the faster fresh process's (as the calibration's whole models are
+    timed); the pulse is their mean, and each process's figures are kept."""
+    from attnlab.measure import validate as v
+
+    def record(ttft, decode, pulse):
+        t = {"ttft": ttft, "decode": decode}
+        return {"wall": t, "cpu": t, "spread": {}, "pulse": {c: {"fp32": pulse} for c in ("wall", "cpu")}}
+
+    runs = iter([record(0.030, 0.002, 1e-3), record(0.020, 0.003, 3e-3)])
+    monkeypatch.setattr("attnlab.timing.run_fresh", lambda *a, **k: next(runs))
+    out = v._measure_in_child(v._case(128, 2, 4, 64, 1), 3, 1)
+    assert out["cpu"] == {"ttft": 0.020, "decode": 0.002} and out["pulse"]["cpu"]["fp32"] == pytest.approx(2e-3)
+    assert [p["cpu"]["ttft"] for p in out["processes"]] == [0.030, 0.020] and v.PROCESSES == 2
+
+
 def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, capsys):
     """The whole --validate path on made-up figures (no timing): calibrations around the cases, one row per case
     and phase with error = predicted / measured - 1, the pace scaling, the summary, the JSON file and the table;
@@ -210,11 +248,13 @@ def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, caps
 
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
     even = {"fp32": 1e-3, "memory": 1e-2, "dispatch": 1e-4}
-    micro = {**_synthetic_micro(), "seconds": 0.0, "dtypes": ["fp32"], "pulse": {"wall": even, "cpu": even}}
+    micro = {**_synthetic_micro(), "seconds": 0.0, "dtypes": ["fp32"], "pulse": {"wall": even, "cpu": even},
+             "composition": {"rows": []}}
     from attnlab.measure import local
 
-    monkeypatch.setattr(local, "calibrate", lambda dtypes=None, modules=None: hardware.Hardware(
-        "local", {"fp32": 1e11}, 1e10, 1e10, 1e-5, "test", micro=micro))
+    kept = []  # each calibration's ``composed``: the first runs the whole models, the later ones keep its ratios
+    monkeypatch.setattr(local, "calibrate", lambda dtypes=None, modules=None, composed=None: kept.append(composed) or
+                        hardware.Hardware("local", {"fp32": 1e11}, 1e10, 1e10, 1e-5, "test", micro=micro))
     cases = (v._case(128, 2, 4, 64, 1), v._case(256, 3, 4, 100, 2), v._case(128, 2, 4, 64, 1, "bf16"))
     drawn = []
     monkeypatch.setattr(v, "draw_cases", lambda seed, dtypes: drawn.append((seed, dtypes)) or list(cases))
@@ -232,6 +272,7 @@ def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, caps
     text = capsys.readouterr().out
     res = json.loads(out.read_text())
     assert len(res["rows"]) == 4 and res["clock"] == "cpu" and len(res["calibrations"]) == 3  # groups of one case
+    assert kept[:3] == [None, micro["composition"], micro["composition"]]
     assert [s["case"] for s in res["skipped"]] == ["d128-H4-L2-T64-B1-bf16"]  # bf16 is "emulated" here
     for r in res["rows"]:
         assert r["measured_s"] == measured["cpu"]["ttft" if r["phase"] == "prefill" else "decode"]

@@ -17,9 +17,9 @@ limited by its own bottleneck):
               + L * elements(B, d) * s/element(B, d)
 
 and each phase's sum is then scaled by its ``composition``: how much longer the engine took than the same sum on
-whole models the calibration ran (measured / predicted, by dtype, interpolated in log width). The parts are timed
-one kernel at a time on warm inputs; in the engine each follows another that has just used the caches and the core,
-which the sum misses.
+whole models the calibration ran (measured / predicted, by dtype, interpolated in log depth and log width). The
+parts are timed one kernel at a time on warm inputs; in the engine each follows another that has just used the
+caches and the core, which the sum misses.
 
 head = the larger of its bytes / bytes/s(d, working set, B) and its weights * s/weight(d, B) read hot (a large
 vocabulary's head on a few rows can be bound by arithmetic, as bf16 without AMX is); sampler = B * V * s/logit(B).
@@ -237,18 +237,20 @@ def at_pace(parts: dict, phase: str, dtype: str, micro: dict, now_pulse: dict, c
     return out
 
 
-def composition(micro: dict, dtype: str, clock: str, phase: str, dim: int) -> float:
+def composition(micro: dict, dtype: str, clock: str, phase: str, dim: int, layers: int) -> float:
     """How much longer the engine took than the sum of its parts on the calibration's whole models in this dtype
-    (calibrate.composition: measured / predicted), interpolated in log width and clamped at the ends; 1 where the
-    calibration has none."""
+    (calibrate.composition: measured / predicted): interpolated in log depth among the models of each width, then in
+    log width, clamped at the ends; 1 where the calibration has none."""
     key = "ttft" if phase == "prefill" else "decode"
-    pts = [(r[0], r[4][clock][key] / r[5][clock][phase])
-           for r in micro.get("composition", {}).get("rows", []) if r[3] == dtype and r[5][clock][phase] > 0]
-    return _interp(pts, dim) if pts else 1.0
+    by_width: dict = {}
+    for r in micro.get("composition", {}).get("rows", []):
+        if r[3] == dtype and r[5][clock][phase] > 0:
+            by_width.setdefault(r[0], []).append((r[2], r[4][clock][key] / r[5][clock][phase]))
+    return _interp([(w, _interp(pts, layers)) for w, pts in by_width.items()], dim) if by_width else 1.0
 
 
-def _composed(parts: dict, micro: dict, dtype: str, clock: str, phase: str, dim: int, composed: bool) -> dict:
-    f = composition(micro, dtype, clock, phase, dim) if composed else 1.0
+def _composed(parts: dict, micro: dict, dtype: str, clock: str, phase: str, a: Arch, composed: bool) -> dict:
+    f = composition(micro, dtype, clock, phase, a.dim, a.n_layers) if composed else 1.0
     parts = {k: v * f for k, v in parts.items()}
     parts["total"] = sum(parts.values())
     return parts
@@ -279,7 +281,7 @@ def prefill_s(a: Arch, batch: int, T: int, micro: dict, dtype: str, ops: dict, c
         "sampling": _sampling_s(micro, dtype, clock, a, batch),
         "kv_cache": kv_touch / touch_bw,
     }
-    return _composed(parts, micro, dtype, clock, "prefill", a.dim, composed)
+    return _composed(parts, micro, dtype, clock, "prefill", a, composed)
 
 
 def cache_bytes(dtype: str, micro: dict) -> int:
@@ -320,4 +322,4 @@ def decode_s(a: Arch, batch: int, S: int, micro: dict, dtype: str, ops: dict, cl
         "elementwise": L * _layer_elements(a, 1, S, batch, dtype)
         * _elementwise_s_per_element(micro, dtype, clock, batch, a.dim),
     }
-    return _composed(parts, micro, dtype, clock, "decode", a.dim, composed)
+    return _composed(parts, micro, dtype, clock, "decode", a, composed)

@@ -17,8 +17,8 @@ from attnlab.cost.hardware import Hardware, from_micro, get
 
 GB = 1e9
 # Bumped whenever the micro-benchmarks or the fields they record change, so an older cache entry (other fields,
-# other shapes) is measured again. 9: micro records whether attnlab's compiled kernels ran.
-CALIBRATION_VERSION = 11
+# other shapes) is measured again.
+CALIBRATION_VERSION = 12
 
 
 def _cache_path() -> Path:
@@ -35,19 +35,20 @@ def _ram_bytes() -> float:
 
 
 def calibrate(dtypes: tuple[str, ...] | None = None, modules: dict | None = None,
-              cancel: threading.Event | None = None) -> Hardware:
+              cancel: threading.Event | None = None, composed: dict | None = None) -> Hardware:
     """Measure this machine now with the micro-benchmarks of ``calibrate`` (matmul throughput and weight streaming
     per dtype, attention, elementwise kernels, per-op overhead, memory bandwidth; each at shapes no validated model
     uses). ``dtypes``: fp32 and whichever of bf16 / int8 this CPU runs natively (runtime.fast_dtypes).
     ``modules``: matrices kept between calibrations in one process (calibrate.linear_tables). ``cancel``: an Event
-    that stops the measuring early (``micro.Cancelled`` is raised; see calibrate.run)."""
+    that stops the measuring early (``micro.Cancelled`` is raised; see calibrate.run). ``composed``: an earlier
+    calibration's whole-model ratios to keep (calibrate.run)."""
     import torch
 
     from attnlab.measure import calibrate as cal
     from attnlab.runtime import cpu_name, fast_dtypes
 
     dtypes = tuple(dtypes or (d for d in fast_dtypes("cpu") if d != "int8"))
-    micro = cal.run(dtypes, modules, cancel)
+    micro = cal.run(dtypes, modules, cancel, composed)
     source = (f"measured {time.strftime('%Y-%m-%d %H:%M')} on {cpu_name()}, {torch.get_num_threads()} threads, "
               f"torch {torch.__version__}, micro-benchmarks v{CALIBRATION_VERSION} ({micro['seconds']:.0f} s)")
     return from_micro(micro, ram_bytes=_ram_bytes(), cache_bytes=runtime.last_level_cache_bytes(), source=source)

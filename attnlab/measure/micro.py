@@ -32,11 +32,11 @@ CALIBRATION = {
               "new_tokens": 17},
     # Whole models the engine runs in a fresh process, as a validation case is run, to measure how far the engine
     # is from the sum of its parts (cost.cpu.composition): (dim, heads, layers), at widths no validation draws (it
-    # draws multiples of 64 from 128 to 1,024) and head dims it never uses (it uses 32 and 64), of a depth typical
-    # of its models. Models at the range's ends (96 and 1,280 wide, 2 layers) were tried first: the narrow one's
-    # decode is mostly the engine's fixed step cost, whose ratio then scaled deeper models' whole steps (docs/cost.md).
-    "composition": {"models": ((160, 4, 6), (800, 10, 6)), "prompt": 128, "batch": 2, "new_tokens": 17,
-                    "repeats": 3, "processes": 2},
+    # draws multiples of 64 from 128 to 1,024) and head dims it never uses (it uses 32 and 64), each at two depths
+    # near the ends of the validated range, because the ratio moves with depth as well as width: a 2-layer model's
+    # step is mostly the engine's fixed cost, a 10-layer one's mostly its layers (docs/cost.md).
+    "composition": {"models": ((160, 4, 2), (160, 4, 10), (800, 10, 2), (800, 10, 10)), "prompt": 128, "batch": 2,
+                    "new_tokens": 17, "repeats": 3, "processes": 2},
     "floor_width": 16,  # the tiny shape of each floor
     "cold_mib": (0, 0.5, 2, 8, 32),  # bytes streamed just before the floor's mix, for the cold-dispatch table
     # The head and sampler table's vocabulary: not one a validation draws (256 or GPT-2's 50,257), as large as

@@ -9,14 +9,15 @@ calibration's benchmarks and between each case's repeats; each part of a predict
 or slower its kind of work ran beside the case than during the calibration (cpu.at_pace). The unscaled
 predictions are kept beside (``error_unpaced``).
 
-Each case is a randomly initialised attnlab transformer (seed 0) run by the engine in a fresh process, generating
-NEW_TOKENS tokens per call with both clocks read around a prefill-only first step (engine_timing.time_generate):
-time to first token = until every sequence has its first token; decode time per step = the rest of the call over the steps
-it took; each figure is the median over the repeats, after a warm-up. Reading the decode figure from per-step
-stamps, not from a difference of two calls' times, keeps the prefill's noise out of it. With one thread (the
-default) the clock is the process's CPU time, which is its wall time on an idle core: on a busy machine a run longer
-than a scheduler slice waits for the core, a micro-benchmark shorter than one rarely does, so wall time would
-compare unlike with like; the wall times are kept beside. With more threads the clock is wall time. ``cost.cpu`` predicts both figures from the
+Each case is a randomly initialised attnlab transformer (seed 0) run by the engine in two fresh processes (each
+figure the faster's, as the calibration's whole models: _measure_in_child), generating NEW_TOKENS tokens per call
+with both clocks read around a prefill-only first step (engine_timing.time_generate): time to first token = until
+every sequence has its first token; decode time per step = the rest of the call over the steps it took; each figure
+is the median over the repeats, after a warm-up. Reading the decode figure from per-step stamps, not from a
+difference of two calls' times, keeps the prefill's noise out of it. With one thread (the default) the clock is the
+process's CPU time, which is its wall time on an idle core: on a busy machine a run longer than a scheduler slice
+waits for the core, a micro-benchmark shorter than one rarely does, so wall time would compare unlike with like; the
+wall times are kept beside. With more threads the clock is wall time. ``cost.cpu`` predicts both figures from the
 micro-benchmarks and the tracer's op counts. Error = predicted / measured - 1. Cases in a dtype this CPU only
 emulates are skipped, and say so.
 
@@ -214,12 +215,26 @@ def rows_for(case: Case, measured: dict, micros: list[dict], clock: str) -> list
     return rows
 
 
+PROCESSES = 2  # fresh processes per case, as the calibration's whole models (calibrate.composition)
+
+
 def _measure_in_child(case: Case, repeats: int, threads: int) -> dict:
-    """The case timed in a fresh process (no warm caches, its own allocator, glibc's defaults as a user's run has)."""
+    """The case timed in PROCESSES fresh processes (no warm caches, its own allocator, glibc's defaults as a user's
+    run has); each figure is the faster process's, as the calibration's whole models are timed: one process in a
+    few runs ~1.4-1.6x slower throughout (a kernel choice made by measurement as it starts, or a neighbour), which
+    is not the engine's pace. The pulse is the processes' mean; each process's figures are kept under "processes"."""
     from attnlab.timing import run_fresh
 
-    return run_fresh("attnlab.measure.validate", "measure_case", [asdict(case), repeats], threads, env={},
-                     what=f"timing {case.name}")
+    runs = [run_fresh("attnlab.measure.validate", "measure_case", [asdict(case), repeats], threads, env={},
+                      what=f"timing {case.name}") for _ in range(PROCESSES)]
+    out = dict(runs[0])
+    for clock in ("wall", "cpu"):
+        out[clock] = {k: min(r[clock][k] for r in runs) for k in runs[0][clock]}
+    pulse = runs[0]["pulse"]
+    out["pulse"] = {clock: {k: statistics.mean(r["pulse"][clock][k] for r in runs) for k in pulse[clock]}
+                    for clock in pulse}
+    out["processes"] = [{clock: r[clock] for clock in ("wall", "cpu")} for r in runs]
+    return out
 
 
 GROUP = 5  # cases between two calibrations
@@ -253,9 +268,12 @@ def validate(seed: int, cases=None, repeats: int = 5, group: int | None = None, 
 
     def calibrate(n):
         say(f"calibration {n + 1}/{len(groups) + 1} ({', '.join(dtypes)}; micro-benchmarks only)")
-        return local.calibrate(dtypes, modules)
+        # the whole models run once, in the first: their ratios carry to the later calibrations (calibrate.run)
+        return local.calibrate(dtypes, modules, composed=hws[0].micro.get("composition") if n else None)
 
-    hws, measured, done = [calibrate(0)], {}, 0
+    hws: list = []
+    hws.append(calibrate(0))
+    measured, done = {}, 0
     for g, cases_g in enumerate(groups):
         for case in cases_g:
             done += 1
