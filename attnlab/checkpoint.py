@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from attnlab.config import RunConfig
 from attnlab.errors import CheckpointError
+from attnlab.models.weights import load_weights
 
 MANIFEST, CONFIG, WEIGHTS, TRAINER = "manifest.json", "config.json", "model.safetensors", "trainer_state.safetensors"
 JOURNAL = ".commit.json"
@@ -181,28 +182,6 @@ def load_checkpoint(folder: str | Path, device: str | torch.device = "cpu", dtyp
     if dtype is not None:
         model = model.to(dtype)
     return model.eval(), run_cfg
-
-
-def load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor], source: str) -> None:
-    expected = unique_state_dict_names(model)
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(model.state_dict()))
-    if missing or unexpected:
-        raise CheckpointError(f"{source}: weights do not fit the config: missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]}; was config.json edited?")
-    for name, t in tensors.items():
-        want = model.state_dict()[name].shape
-        if t.shape != want:
-            raise CheckpointError(f"{source}: tensor {name} has shape {tuple(t.shape)}, the config needs "
-                                  f"{tuple(want)}; was config.json edited?")
-    model.load_state_dict(tensors, strict=False, assign=True)
-    model.tie_weights()  # assign=True replaced the shared Parameter
-
-
-def unique_state_dict_names(model: torch.nn.Module) -> list[str]:
-    """The names a weights file must hold: every state_dict entry but the tied head (an alias)."""
-    tied = getattr(model.cfg, "tie_embeddings", False)
-    return [n for n in model.state_dict() if not (tied and n == "head.weight")]
 
 
 def load_trainer_state(folder: str | Path):

@@ -166,21 +166,9 @@ def describe(cfg) -> dict:
 
 
 def cmd_info(args) -> int:
-    from attnlab.config import PRESETS, RunConfig, preset
+    from attnlab.resolve import model_config
 
-    path = Path(args.target)
-    if path.is_dir():
-        from attnlab.checkpoint import verify
-
-        verify(path)
-        cfg = RunConfig.load(path / "config.json").model
-    elif path.suffix == ".json" and path.exists():
-        cfg = RunConfig.load(path).model
-    elif args.target in PRESETS:
-        cfg = preset(args.target)
-    else:
-        raise AttnlabError(f"{args.target!r} is neither a checkpoint folder nor a preset; presets: "
-                           f"{', '.join(PRESETS)}")
+    cfg = model_config(args.target)
     info = describe(cfg)
     if args.json:
         print(json.dumps(info))
@@ -199,7 +187,7 @@ def cmd_demo(args) -> int:
     """The README's main job for now: train the default transformer on the embedded corpus, then sample."""
     from attnlab.config import TrainConfig, preset
     from attnlab.engine import SamplingParams, generate
-    from attnlab.loading import load_any
+    from attnlab.resolve import load_model
     from attnlab.train import train
 
     set_threads(args.threads)
@@ -209,7 +197,7 @@ def cmd_demo(args) -> int:
     print(f"attnlab demo: training the default transformer on the embedded corpus (Python's stdlib sources), "
           f"{args.steps} steps", flush=True)
     summary = train(preset("default"), tcfg, args.out, overwrite=True, progress=not args.quiet)
-    loaded = load_any(args.out)
+    loaded = load_model(args.out)
     prompt = "def "
     out = generate(loaded.model, loaded.tokenizer.encode(prompt), 200,
                    SamplingParams(temperature=0.8, top_k=40, seed=args.seed), tokenizer=loaded.tokenizer)

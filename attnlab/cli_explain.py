@@ -13,10 +13,10 @@ def cmd_explain(args) -> int:
 
     from attnlab.explain.app import create_app
     from attnlab.explain.views import Explained
-    from attnlab.loading import load_any
+    from attnlab.resolve import load_model
 
     set_threads(args.threads)
-    loaded = load_any(args.checkpoint)
+    loaded = load_model(args.checkpoint)
     loaded.model.eval()
     ex = Explained(loaded.model, loaded.tokenizer, Path(args.checkpoint).resolve().name)
     app = create_app(ex, calibrate=not args.no_calibrate)

@@ -38,7 +38,7 @@ def cmd_generate(args) -> int:
     from attnlab.engine import SamplingParams, generate
     from attnlab.engine.quantize import set_precision
     from attnlab.engine.speculative import speculative_generate
-    from attnlab.loading import load_any
+    from attnlab.resolve import load_model
 
     set_threads(args.threads)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -48,7 +48,7 @@ def cmd_generate(args) -> int:
     if (args.draft or args.prompt_lookup) and (args.no_cache or args.stream):
         raise AttnlabError("speculative decoding needs the KV cache and returns whole rounds: drop --no-cache/--stream")
     prompt = read_prompt(args)
-    target = load_any(args.checkpoint)
+    target = load_model(args.checkpoint)
     if target.tokenizer is None:
         raise AttnlabError(f"{args.checkpoint} has no tokenizer.json, so text cannot be encoded; add one")
     speculative = bool(args.draft or args.prompt_lookup)
@@ -62,7 +62,7 @@ def cmd_generate(args) -> int:
     common = dict(stop_tokens=stop_tokens, stop_strings=args.stop or (), tokenizer=target.tokenizer,
                   truncate=args.truncate)
     if speculative:
-        draft = set_precision(load_any(args.draft).model, args.dtype) if args.draft else None
+        draft = set_precision(load_model(args.draft).model, args.dtype) if args.draft else None
         out = speculative_generate(model, ids, args.max_new_tokens, k=args.k, draft=draft,
                                    prompt_lookup=args.prompt_lookup, params=params,
                                    lookup_ngram=(args.lookup_min_ngram, args.lookup_max_ngram), **common)

@@ -31,8 +31,9 @@ def _fmt(n: float, unit: str = "") -> str:
 
 
 def cmd_cost(args) -> int:
-    from attnlab.cost import Workload, compare, estimate, resolve
+    from attnlab.cost import Workload, compare, estimate
     from attnlab.measure.local import spec
+    from attnlab.resolve import architecture
 
     if args.validate or args.validate_summary:
         from attnlab.cli_cost_validate import cost_validate, cost_validate_summary
@@ -42,7 +43,7 @@ def cmd_cost(args) -> int:
     if args.model is None:
         raise AttnlabError("give a MODEL (preset, checkpoint folder or config.json), or --validate, or "
                            "--validate-summary")
-    arch = resolve(args.model)
+    arch = architecture(args.model)
     if args.compare:
         short, long = args.compare
         res = compare(arch, short, long, args.dtype or "bf16")
@@ -140,9 +141,10 @@ def _print_devices(multi: dict, hw) -> None:
 def cmd_trace(args) -> int:
     import torch
 
-    from attnlab.config import ModelConfig, PRESETS, preset
+    from attnlab.config import ModelConfig
     from attnlab.measure.trace import trace
     from attnlab.models import build_model
+    from attnlab.resolve import model_config
 
     set_threads(args.threads)
     if args.seq_len <= 0:
@@ -150,23 +152,7 @@ def cmd_trace(args) -> int:
     if args.model is None and args.family is None:
         raise AttnlabError("give a MODEL or --family F")
     if args.model is not None:
-        path = Path(args.model)
-        if args.model in PRESETS:
-            cfg = preset(args.model)
-        elif path.is_dir() or path.suffix == ".json":
-            from attnlab.models.hf import config_from_hf
-            from attnlab.config import RunConfig
-
-            cfg_path = path / "config.json" if path.is_dir() else path
-            data = json.loads(cfg_path.read_text())
-            cfg = config_from_hf(data, str(cfg_path)) if "model_type" in data else RunConfig.from_dict(data).model
-        else:
-            from attnlab.cost.arch import PRESETS as COST_PRESETS
-            from attnlab.models.hf import config_from_hf
-
-            if args.model not in COST_PRESETS:
-                raise AttnlabError(f"unknown model {args.model!r}; presets: {', '.join(list(PRESETS) + list(COST_PRESETS))}")
-            cfg = config_from_hf(COST_PRESETS[args.model], args.model)
+        cfg = model_config(args.model)
     else:
         cfg = ModelConfig(family=args.family, dim=args.dim, n_layers=args.n_layers, n_heads=args.n_heads,
                           kernel=args.kernel, max_seq_len=max(args.seq_len, 1024))

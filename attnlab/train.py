@@ -19,14 +19,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from attnlab.checkpoint import (CONFIG, MANIFEST, TRAINER, WEIGHTS, has_checkpoint, load_trainer_state, load_weights,
+from attnlab.checkpoint import (CONFIG, MANIFEST, TRAINER, WEIGHTS, has_checkpoint, load_trainer_state,
                                 save_checkpoint)
 from attnlab.config import ModelConfig, RunConfig, TrainConfig
 from attnlab.data.synthetic import IGNORE
@@ -34,8 +32,10 @@ from attnlab.data.tasks import make_task
 from attnlab.distributed.parallel import (Split, check, full_optimizer_state, full_weights, parallelize, place_like,
                                           unwrap)
 from attnlab.errors import CheckpointError, ConfigError, TrainingDiverged
+from attnlab.fit import StepDone, distill_loss, evaluate, fit, lm_loss, make_optimizer
 from attnlab.folder_lock import FolderLock
 from attnlab.models import build_model, count_params
+from attnlab.models.weights import load_weights
 from attnlab.runtime import resolve_device
 
 METRICS = "metrics.jsonl"
@@ -43,48 +43,11 @@ METRICS = "metrics.jsonl"
 RESUME_MAY_DIFFER = {"log_every", "eval_every", "save_every", "eval_batches", "steps"}
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to lr over warmup_steps, then cosine decay to lr * min_lr_ratio at the last step."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
-
-
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """Weight decay on matrices only (not norms, biases); embeddings are matrices and decay, as in nanoGPT."""
-    params = {id(p): p for p in model.parameters() if p.requires_grad}.values()
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), foreach=False)
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE)
-
-
-def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor,
-                 weight: float = 1.0, temperature: float = 1.0) -> torch.Tensor:
-    """(1 - weight) * cross-entropy on the data + weight * KL(teacher || student), per target position.
-
-    Forward KL (Hinton et al. 2015) pulls the student's mass onto every token the teacher likes, which is
-    what raises a draft's acceptance rate min(1, p/q) in speculative decoding. The teacher's distribution
-    is taken at ``temperature``: below 1 it sharpens towards the teacher's argmax, which is all a greedy
-    draft is checked against."""
-    mask = targets != IGNORE
-    log_q = F.log_softmax(logits.float(), dim=-1)[mask]  # (N, V) over target positions
-    log_p = F.log_softmax(teacher_logits.float() / temperature, dim=-1)[mask]
-    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-    return kl if weight == 1.0 else (1 - weight) * lm_loss(logits, targets) + weight * kl
-
-
 def load_teacher(path: str, task, device) -> torch.nn.Module:
     """The frozen model to imitate; its vocabulary (and tokenizer, for text) must be the student's."""
-    from attnlab.loading import load_any
+    from attnlab.resolve import load_model
 
-    teacher = load_any(path, device=str(device))
+    teacher = load_model(path, device=str(device))
     vocab = teacher.model.cfg.vocab_size
     if vocab != task.vocab_size:
         raise ConfigError(f"--distill-from {path}: the teacher's vocabulary ({vocab}) differs from this run's "
@@ -100,65 +63,6 @@ def load_teacher(path: str, task, device) -> torch.nn.Module:
     return model
 
 
-@torch.no_grad()
-def evaluate(model, batches, device, teacher=None) -> dict:
-    """Mean held-out loss over all target tokens; accuracy over the positions that have a target; with a
-    teacher, how often the two models' most likely next tokens agree (a greedy draft's acceptance rate)."""
-    was_training = model.training
-    model.eval()
-    total_loss, total_tokens, correct, agree = 0.0, 0, 0, 0
-    for x, y in batches:
-        x, y = x.to(device), y.to(device)
-        logits, _ = model(x)
-        mask = y != IGNORE
-        n = int(mask.sum())
-        total_loss += float(lm_loss(logits, y)) * n
-        correct += int(((logits.argmax(-1) == y) & mask).sum())
-        if teacher is not None:
-            agree += int(((logits.argmax(-1) == teacher(x)[0].argmax(-1)) & mask).sum())
-        total_tokens += n
-    model.train(was_training)
-    loss = total_loss / max(1, total_tokens)
-    out = {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_acc": correct / max(1, total_tokens)}
-    if teacher is not None:
-        out["teacher_agreement"] = agree / max(1, total_tokens)
-    return out
-
-
-def train_in_memory(model, batch, cfg: TrainConfig, clip: bool = True, teacher=None, amp: bool = False, until=None):
-    """The plain loop without files: AdamW, the warmup + cosine schedule, clipping. ``batch(step) -> (x, y)``.
-    For experiments that need a briefly trained model and no checkpoint. With ``teacher`` (a frozen model of
-    the same vocabulary) the loss is distill_loss at cfg.distill_weight / cfg.distill_temperature; a batch of
-    three, (x, y, teacher_logits), distils from logits computed beforehand (a teacher run once over a fixed
-    sample set rather than at every step). ``amp``: forward and backward under bf16 autocast (weights and the
-    optimizer stay fp32), for a CPU with bf16 matrix units or a GPU. ``until(steps_done) -> bool``, called after
-    every step, ends training early when it returns True (a curriculum phase that lasts until a skill is learned)."""
-    optimizer = make_optimizer(model, cfg)
-    model.train()
-    device_type = next(model.parameters()).device.type
-    for step in range(cfg.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        x, y, *given = batch(step)
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=amp):
-            logits = model(x)[0]
-            if teacher is None and not given:
-                loss = lm_loss(logits, y)
-            else:
-                if not given:
-                    with torch.no_grad():
-                        given = [teacher(x)[0]]
-                loss = distill_loss(logits, given[0], y, cfg.distill_weight, cfg.distill_temperature)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if clip and cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        if until is not None and until(step + 1):
-            break
-    return model.eval()
-
-
 def _trainer_tensors(model, optimizer) -> dict[str, torch.Tensor]:
     """RNG states and AdamW's state by parameter name, whole (gathered from every rank when sharded)."""
     out = {"rng/torch": torch.get_rng_state()}
@@ -169,7 +73,8 @@ def _trainer_tensors(model, optimizer) -> dict[str, torch.Tensor]:
 
 
 def _restore_trainer(model, optimizer, tensors) -> None:
-    params = dict(unwrap(model).named_parameters())
+    inner = unwrap(model)
+    params = dict(inner.named_parameters())
     for key, val in tensors.items():
         kind, rest = key.split("/", 1)
         if kind == "rng":
@@ -179,6 +84,7 @@ def _restore_trainer(model, optimizer, tensors) -> None:
                 torch.cuda.set_rng_state(val)
             continue
         name, slot = rest.rsplit("/", 1)
+        name = next(iter(inner.upgrade_state_dict({name: None})))  # older parameter names, as the weights'
         if name not in params:
             raise CheckpointError(f"trainer state names parameter {name!r}, which the model lacks")
         p = params[name]
@@ -255,17 +161,32 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir: str | Path, r
     return summary
 
 
+def _check_folder(out: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse a run that would lose a checkpoint or cannot continue one (rank 0's checks; the others wait)."""
+    if resume and overwrite:
+        raise ConfigError("--resume continues the checkpoint in --out and --overwrite replaces it: choose one")
+    if has_checkpoint(out) and not (resume or overwrite):
+        raise CheckpointError(f"{out} already holds a checkpoint; pass --resume to continue it, --overwrite to "
+                              "replace it, or choose another --out (nothing was overwritten)")
+    if resume and has_checkpoint(out) and not (out / TRAINER).exists():
+        raise CheckpointError(f"{out} holds a checkpoint without {TRAINER}, so it cannot be resumed; pass "
+                              "--overwrite to replace it, or choose another --out (nothing was overwritten)")
+
+
+def _check_teacher(teacher, ctx, parallel) -> None:
+    """Refuse a teacher that cannot run on this rank's share of a sequence-parallel batch."""
+    if teacher is not None and ctx.distributed and parallel.seq_parallel > 1:
+        t = teacher.cfg
+        if t.family != "transformer" or t.pos == "alibi" or t.kernel in ("sliding", "block_sparse"):
+            raise ConfigError(f"--distill-from with --seq-parallel runs the teacher on the same shards by ring "
+                              f"attention: it needs a softmax transformer without ALiBi (the teacher is a "
+                              f"{t.family} with {t.pos} positions and the {t.kernel} kernel); drop --seq-parallel")
+
+
 def _train_locked(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, resume: bool, overwrite: bool,
                   progress: bool, stop_after: int | None, ctx, parallel) -> dict:
     if ctx.is_main:  # the other ranks trust rank 0's checks of the folder (and wait for them below)
-        if resume and overwrite:
-            raise ConfigError("--resume continues the checkpoint in --out and --overwrite replaces it: choose one")
-        if has_checkpoint(out) and not (resume or overwrite):
-            raise CheckpointError(f"{out} already holds a checkpoint; pass --resume to continue it, --overwrite to "
-                                  "replace it, or choose another --out (nothing was overwritten)")
-        if resume and has_checkpoint(out) and not (out / TRAINER).exists():
-            raise CheckpointError(f"{out} holds a checkpoint without {TRAINER}, so it cannot be resumed; pass "
-                                  "--overwrite to replace it, or choose another --out (nothing was overwritten)")
+        _check_folder(out, resume, overwrite)
     device = torch.device(ctx.device) if ctx.distributed else resolve_device(train_cfg.device)
     torch.manual_seed(train_cfg.seed)
     task = make_task(train_cfg, out, resume=resume)
@@ -275,19 +196,17 @@ def _train_locked(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, res
                           f"max_seq_len={model_cfg.max_seq_len}; raise --max-seq-len or shorten --seq-len")
     if ctx.distributed:
         check(ctx, parallel, model_cfg, train_cfg)
-        if train_cfg.distill_from:
-            raise ConfigError("--distill-from runs in one process for now; drop --nproc (or torchrun)")
     model = build_model(model_cfg, device)
     teacher = load_teacher(train_cfg.distill_from, task, device) if train_cfg.distill_from else None
+    _check_teacher(teacher, ctx, parallel)
     run_cfg = RunConfig(model=model_cfg, train=train_cfg, tokenizer="byte" if task.synthetic else task.tokenizer.name,
                         extra={"data": task.info, "torch": torch.__version__, "params": count_params(model)})
     start, tensors = 0, None
-    metrics_path = out / METRICS
     resuming = resume and has_checkpoint(out)
     if ctx.is_main and not resuming:
         if overwrite:
             _discard_checkpoint(out)
-        metrics_path.unlink(missing_ok=True)
+        (out / METRICS).unlink(missing_ok=True)
     if ctx.distributed:
         torch.distributed.barrier()  # rank 0 has checked (and, with --overwrite, cleared) the folder
     if resuming:
@@ -296,94 +215,108 @@ def _train_locked(model_cfg: ModelConfig, train_cfg: TrainConfig, out: Path, res
 
         verify(out)
         _check_resume_config(RunConfig.load(out / "config.json"), model_cfg, train_cfg, out)
-        load_weights(model, {k: v.to(device) for k, v in load_file(str(out / "model.safetensors")).items()},
-                     str(out / "model.safetensors"))
+        saved = model.upgrade_state_dict(load_file(str(out / WEIGHTS)))  # older weight names, as every loader
+        load_weights(model, {k: v.to(device) for k, v in saved.items()}, str(out / WEIGHTS))
         tensors, start, _ = load_trainer_state(out)
     model = parallelize(model, ctx, parallel)  # the one place the model is made parallel (a no-op in one process)
     optimizer = make_optimizer(model, train_cfg)
     if resuming:
         _restore_trainer(model, optimizer, tensors)
         if ctx.is_main:
-            _cut_metrics(metrics_path, start)
+            _cut_metrics(out / METRICS, start)
     if task.tokenizer is not None and ctx.is_main:
         task.tokenizer.save(out)
-    eval_batches = task.eval_batches()
-    split = Split(ctx, parallel, IGNORE)
-    model.train()
-    tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
-    summary = {"params": count_params(unwrap(model)), "start_step": start, "steps": train_cfg.steps, "out": str(out),
-               "world_size": ctx.world_size}
-    last_good = start
+    run = _Run(model, teacher, optimizer, task, train_cfg, run_cfg, out, device, ctx, parallel, start, stop_after)
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=train_cfg.steps, initial=start, desc=f"train {model_cfg.family}", unit="step",
                    dynamic_ncols=True)
-    t_start, window_t, window_tokens = time.perf_counter(), time.perf_counter(), 0
-    with (open(metrics_path, "a") if ctx.is_main else contextlib.nullcontext()) as log:
-        for step in range(start, train_cfg.steps):
-            lr = lr_at(step, train_cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            x, y = task.batch(step)
-            if ctx.distributed:  # this rank's rows (or positions) of the global batch; the global mean loss
-                x, y, state = split.local(x, y)
-                logits, _ = model(x.to(device), state=state)
-                loss, batch_loss = split.loss(logits, y.to(device))
-            else:
-                logits, _ = model(x.to(device))
-                if teacher is None:
-                    loss = lm_loss(logits, y.to(device))
-                else:
-                    with torch.no_grad():
-                        teacher_logits, _ = teacher(x.to(device))
-                    loss = distill_loss(logits, teacher_logits, y.to(device), train_cfg.distill_weight,
-                                        train_cfg.distill_temperature)
-                batch_loss = loss
-            if not torch.isfinite(batch_loss):
-                raise TrainingDiverged(
-                    f"loss became {batch_loss.item()} at step {step + 1}; stopped, and the last good checkpoint "
-                    f"(step {last_good}) is kept in {out}; lower --lr or keep gradient clipping on")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip or float("inf"))
-            optimizer.step()
-            done = step + 1
-            window_tokens += tokens_per_step
-            if done % train_cfg.log_every == 0 or done == train_cfg.steps:
-                now = time.perf_counter()
-                rec = {"step": done, "loss": batch_loss.item(), "lr": lr, "grad_norm": _item(grad_norm),
-                       "tok_per_s": window_tokens / (now - window_t), "elapsed_s": now - t_start}
-                window_t, window_tokens = now, 0
-                if log is not None:
-                    log.write(json.dumps(rec) + "\n")
-                    log.flush()
-                summary["loss"], summary["tok_per_s"] = rec["loss"], rec["tok_per_s"]
-                if bar is not None:
-                    bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tok_per_s']:.0f}")
-            if (done % train_cfg.eval_every == 0 or done == train_cfg.steps) and (ctx.is_main or parallel.shard):
-                # sharded weights are gathered layer by layer, so every rank evaluates; otherwise rank 0 alone
-                ev = evaluate(model if parallel.shard else unwrap(model), eval_batches, device, teacher)
-                if log is not None:
-                    log.write(json.dumps({"step": done, **ev}) + "\n")
-                    log.flush()
-                summary.update(ev)
-            stopping = done == stop_after
-            if (train_cfg.save_every and done % train_cfg.save_every == 0) or done == train_cfg.steps or stopping:
-                weights = full_weights(model) if ctx.distributed else None  # every rank: a collective when sharded
-                trainer = _trainer_tensors(model, optimizer)
-                if ctx.is_main:
-                    save_checkpoint(out, unwrap(model), run_cfg, done, trainer, weights=weights)
-                last_good = done
-            if bar is not None:
-                bar.update(1)
-            if stopping:
-                break
+    with (open(out / METRICS, "a") if ctx.is_main else contextlib.nullcontext()) as log:
+        run.log, run.bar = log, bar
+        fit(model, run.step_loss, train_cfg, optimizer=optimizer, start=start, grad_norm=True,
+            after_step=run.after_step)
     if bar is not None:
         bar.close()
-    summary["train_s"] = time.perf_counter() - t_start
-    summary["final_step"] = last_good
-    return summary
+    run.summary["train_s"] = time.perf_counter() - run.t_start
+    run.summary["final_step"] = run.last_good
+    return run.summary
+
+
+class _Run:
+    """One rank's run into a folder, as ``fit`` sees it: the loss of each step on this rank's share of the batch, and
+    after each step the log, the evaluation and the checkpoint on their schedules."""
+
+    def __init__(self, model, teacher, optimizer, task, cfg: TrainConfig, run_cfg: RunConfig, out: Path, device, ctx,
+                 parallel, start: int, stop_after: int | None):
+        self.model, self.teacher, self.optimizer, self.task, self.cfg = model, teacher, optimizer, task, cfg
+        self.run_cfg, self.out, self.device, self.ctx, self.parallel = run_cfg, out, device, ctx, parallel
+        self.stop_after, self.last_good = stop_after, start
+        self.split = Split(ctx, parallel, IGNORE)
+        self.eval_batches = task.eval_batches()
+        self.summary = {"params": count_params(unwrap(model)), "start_step": start, "steps": cfg.steps,
+                        "out": str(out), "world_size": ctx.world_size}
+        self.log = self.bar = None
+        self.t_start = self.window_t = time.perf_counter()
+        self.window_tokens = 0
+
+    def step_loss(self, step: int):
+        """This rank's loss on its share of global batch ``step``, and the global batch's mean (for the log)."""
+        cfg = self.cfg
+        x, y = self.task.batch(step)
+        x, y, state = self.split.local(x, y)  # this rank's rows or positions (all of them in one process)
+        x, y = x.to(self.device), y.to(self.device)
+        logits, _ = self.model(x, state=state)
+        teacher_logits = None
+        if self.teacher is not None:
+            with torch.no_grad():
+                teacher_logits, _ = self.teacher(x, state=state)
+        if self.ctx.distributed:
+            loss, batch_loss = self.split.loss(logits, y, teacher_logits, cfg.distill_weight, cfg.distill_temperature)
+        elif teacher_logits is None:
+            loss = batch_loss = lm_loss(logits, y)
+        else:
+            loss = batch_loss = distill_loss(logits, teacher_logits, y, cfg.distill_weight, cfg.distill_temperature)
+        if not torch.isfinite(batch_loss):
+            raise TrainingDiverged(
+                f"loss became {batch_loss.item()} at step {step + 1}; stopped, and the last good checkpoint "
+                f"(step {self.last_good}) is kept in {self.out}; lower --lr or keep gradient clipping on")
+        return loss, batch_loss
+
+    def after_step(self, d: StepDone) -> bool:
+        """Log, evaluate and save on their schedules; True (stop) at ``stop_after``."""
+        cfg, done = self.cfg, d.step
+        self.window_tokens += cfg.batch_size * cfg.seq_len
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            now = time.perf_counter()
+            rec = {"step": done, "loss": d.loss.item(), "lr": d.lr, "grad_norm": _item(d.grad_norm),
+                   "tok_per_s": self.window_tokens / (now - self.window_t), "elapsed_s": now - self.t_start}
+            self.window_t, self.window_tokens = now, 0
+            self._write(rec)
+            self.summary["loss"], self.summary["tok_per_s"] = rec["loss"], rec["tok_per_s"]
+            if self.bar is not None:
+                self.bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tok_per_s']:.0f}")
+        shard = self.parallel.shard
+        if (done % cfg.eval_every == 0 or done == cfg.steps) and (self.ctx.is_main or shard):
+            # sharded weights are gathered layer by layer, so every rank evaluates; otherwise rank 0 alone
+            ev = evaluate(self.model if shard else unwrap(self.model), self.eval_batches, self.device, self.teacher)
+            self._write({"step": done, **ev})
+            self.summary.update(ev)
+        stopping = done == self.stop_after
+        if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps or stopping:
+            weights = full_weights(self.model) if self.ctx.distributed else None  # a collective when sharded
+            trainer = _trainer_tensors(self.model, self.optimizer)
+            if self.ctx.is_main:
+                save_checkpoint(self.out, unwrap(self.model), self.run_cfg, done, trainer, weights=weights)
+            self.last_good = done
+        if self.bar is not None:
+            self.bar.update(1)
+        return stopping
+
+    def _write(self, rec: dict) -> None:
+        if self.log is not None:
+            self.log.write(json.dumps(rec) + "\n")
+            self.log.flush()
 
 
 def _item(t) -> float:

@@ -77,7 +77,9 @@ def write_json(path: str | Path, data: dict) -> Path:
 
     if isinstance(data.get("context"), dict):  # whether attnlab's compiled kernels ran is known only by now
         from attnlab import kernels
+        from attnlab.kernels import paths
         data["context"]["attnlab_kernels"] = kernels.status()
+        data["context"]["kernel_paths"] = paths.snapshot()  # which compiled paths and fallbacks the run took
         data["reference"] = reference_status(data["context"])
     path = Path(path)
     if data.get("reference", {}).get("usable") is False and path.parent.resolve() == RESULTS.resolve():

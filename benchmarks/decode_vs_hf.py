@@ -60,9 +60,10 @@ def prefill_flops(n_params_nonembed: int, n_layers: int, dim: int, vocab: int, T
 
 def decode_bytes_per_token(model) -> int:
     """Weight bytes one decode step reads: all of them, less the embedding table (one row per token), unless the
-    table is also the LM head (tied), which is read whole every token."""
-    table = model.tok_emb.weight
-    head = {t.data_ptr() for t in [*model.head.parameters(), *model.head.buffers()]}
+    table is also the LM head (tied), which is read whole every token. ``model``: plain or an InferenceModel."""
+    plain = getattr(model, "model", model)
+    table = plain.tok_emb.weight
+    head = {t.data_ptr() for t in [*plain.head.parameters(), *plain.head.buffers()]}
     return weight_bytes(model) - (0 if table.data_ptr() in head else table.numel() * table.element_size())
 
 

@@ -54,7 +54,7 @@ def _train_worker(rank, world, cfg, steps, batch, seq_len, device):
     from attnlab.distributed.group import DistContext
     from attnlab.distributed.parallel import ParallelConfig, Split, parallelize
     from attnlab.models import build_model
-    from attnlab.train import make_optimizer
+    from attnlab.fit import make_optimizer
 
     dev = f"cuda:{rank}" if device.startswith("cuda") else "cpu"
     import torch.distributed as dist
@@ -106,7 +106,7 @@ def _seq_step_worker(rank, world, cfg, T, device):
     from attnlab.config import ModelConfig
     from attnlab.distributed.ring import RingState, shard_sequence
     from attnlab.models import build_model
-    from attnlab.train import lm_loss
+    from attnlab.fit import lm_loss
 
     dev = f"cuda:{rank}" if device.startswith("cuda") else "cpu"
     base = _baseline(dev)

@@ -211,7 +211,7 @@ def side_main(args, sz: Sizes) -> None:
         served = load_served(args.folder, max_batch=sz.max_batch)  # the server's loading path: same layout
         cfg = ServeConfig(max_batch=sz.max_batch, kv_blocks=sz.kv_blocks, prefill_chunk=args.prefill_chunk or None,
                           calibrate=False)
-        engine = Engine(served.model, cfg.engine_config(getattr(served.model, "cache_dtype", None)),
+        engine = Engine(served.model, cfg.engine_config(served.model.cache_dtype),
                         served.tokenizer)  # the server's engine, its text included
         run = lambda ps, out: in_thread(in_engine, engine, ps, out)  # noqa: E731 (as the server's thread)
     else:

@@ -35,9 +35,9 @@ def write_samples(target_dir: Path, out: Path, n: int = 480, prompt_len: int = 2
     from attnlab.data.tasks import make_task
     from attnlab.engine.generate import sample_continuations
     from attnlab.engine.quantize import set_precision
-    from attnlab.loading import load_any
+    from attnlab.resolve import load_model
 
-    model = set_precision(load_any(target_dir).model, "fp32", rows=batch)
+    model = set_precision(load_model(target_dir).model, "fp32", rows=batch)
     ids = make_task(TrainConfig(seq_len=256, batch_size=8)).train_ids
     tmp = out.with_name(out.name + ".partial")
     tmp.mkdir(parents=True, exist_ok=True)

@@ -31,12 +31,12 @@ def trained_section(args) -> dict:
     """Quality of bf16/int8 and speculative decoding on models trained on the embedded corpus."""
     from attnlab.config import TrainConfig
     from attnlab.data.tasks import make_task
-    from attnlab.loading import load_any
-    from attnlab.train import evaluate
+    from attnlab.resolve import load_model
+    from attnlab.fit import evaluate
 
     target_dir, draft_dir = Path(args.target), Path(args.draft)
     if (target_dir / "manifest.json").exists() and (draft_dir / "manifest.json").exists():
-        target, draft, origin = load_any(target_dir).model, load_any(draft_dir).model, f"{target_dir}, {draft_dir}"
+        target, draft, origin = load_model(target_dir).model, load_model(draft_dir).model, f"{target_dir}, {draft_dir}"
     elif args.quick:
         target, draft, origin = _tiny_pair(), _tiny_pair(n_layers=1), "tiny untrained models (--quick smoke run)"
     else:

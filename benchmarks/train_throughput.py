@@ -14,7 +14,7 @@ import torch
 
 from attnlab.config import TrainConfig, preset
 from attnlab.models import build_model, count_params
-from attnlab.train import lm_loss, make_optimizer
+from attnlab.fit import lm_loss, make_optimizer
 from common import context, matmul_peak_flops, set_threads, summarize, write_json
 
 MODELS = {"default": preset("default"), "transformer-10m": preset("small-10m"),

@@ -56,7 +56,7 @@ def test_info_for_checkpoint_and_preset(trained):
     (["train", "--out", "x", "--n-heads", "3"], "n_heads=3 must divide dim=128"),
     (["train", "--out", "x", "--steps", "0"], "steps=0 must be > 0"),
     (["generate", "/nonexistent/ckpt", "--prompt", "a"], "no such checkpoint folder"),
-    (["info", "nope"], "neither a checkpoint folder nor a preset"),
+    (["info", "nope"], "unknown model 'nope': give a preset"),
     ([], "required"),
 ])
 def test_invalid_usage_exits_2_with_one_line(args, needle):

@@ -8,10 +8,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab.config import ModelConfig
-from attnlab.cost import Workload, compare, estimate, resolve
+from attnlab.cost import Workload, compare, estimate
 from attnlab.cost import hardware
 from attnlab.cost.analytic import crossover_tokens, depth, forward_flops, kv_bytes_per_token, params
-from attnlab.cost.arch import PRESETS, from_hf_config, from_model_config
+from attnlab.cost.arch import PUBLISHED, from_hf_config, from_model_config
+from attnlab.resolve import architecture as resolve
 from attnlab.measure.trace import trace
 from attnlab.errors import ConfigError
 from attnlab.models import build_model, count_params
@@ -20,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 
 def _hf_param_count(name):
-    cfg = PRESETS[name]
+    cfg = PUBLISHED[name]
     kind = cfg["model_type"]
     cls = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
            "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}[kind]
@@ -30,7 +31,7 @@ def _hf_param_count(name):
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("name", list(PUBLISHED))
 def test_parameter_counts_equal_hugging_face(name):
     assert params(resolve(name))["total"] == _hf_param_count(name)
 

@@ -147,8 +147,8 @@ def _train_worker(rank, world, data, root, runs):
     from attnlab.distributed.parallel import ParallelConfig
     from attnlab.train import train
 
-    m, t = _cfgs(data)
     for name, kw in runs:
+        m, t = _cfgs(data, **kw.get("train", {}))
         par = ParallelConfig(nproc=world, shard=kw.get("shard", False), seq_parallel=kw.get("seq_parallel", 1),
                              timeout_s=60)
         train(m, t, Path(root) / name, progress=False, parallel=par, resume=kw.get("resume", False),
@@ -181,19 +181,26 @@ def trained(tmp_path_factory):
     data.write_text("".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300)))
     m, t = _cfgs(data)
     train(m, t, root / "single", progress=False)
+    # distillation from that run's model, with half the loss on the data: one process, then two (rows; positions)
+    distill = {"distill_from": str(root / "single"), "distill_weight": 0.5, "distill_temperature": 0.8, "seed": 1}
+    train(*_cfgs(data, **distill), root / "distill_single", progress=False)
     runs = [("ddp", {}), ("fsdp", {"shard": True}), ("seq", {"seq_parallel": 2}), ("resume", {"stop_after": 2}),
-            ("resume_fsdp", {"shard": True, "stop_after": 2})]
-    run_local(_train_worker, 2, str(data), str(root), runs, timeout_s=180)
+            ("resume_fsdp", {"shard": True, "stop_after": 2}), ("distill_ddp", {"train": distill}),
+            ("distill_seq", {"seq_parallel": 2, "train": distill})]
+    run_local(_train_worker, 2, str(data), str(root), runs, timeout_s=240)
     return root, data
 
 
-@pytest.mark.parametrize("run", ["ddp", "fsdp", "seq"])
+@pytest.mark.parametrize("run", ["ddp", "fsdp", "seq", "distill_ddp", "distill_seq"])
 def test_two_processes_train_like_one(trained, run):
+    """DDP, FSDP2 and sequence parallel, plain and distilling from a teacher (--distill-from with --nproc): the
+    loss curve and the weights of one process on the whole batch."""
     root, _ = trained
-    one, two = _losses(root / "single"), _losses(root / run)
+    single = "distill_single" if run.startswith("distill") else "single"
+    one, two = _losses(root / single), _losses(root / run)
     assert len(one) == len(two) == 6
     assert max(abs(a - b) for a, b in zip(one, two)) < TRAIN_LOSS_TOL, (one, two)
-    assert _max_diff(_weights(root / "single"), _weights(root / run)) < TRAIN_WEIGHT_TOL
+    assert _max_diff(_weights(root / single), _weights(root / run)) < TRAIN_WEIGHT_TOL
 
 
 def test_resume_two_one_two_processes(trained):

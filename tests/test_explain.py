@@ -221,7 +221,7 @@ def _screenshot(page, tmp_path_factory, name: str) -> None:
 
 
 def test_page_shows_the_models_own_weights_decode_rows_and_order(page, server, folder, tmp_path_factory):
-    from attnlab.loading import load_any
+    from attnlab.resolve import load_model
 
     _open(page, server)
     prompt = "attention reads every token at once"
@@ -230,7 +230,7 @@ def test_page_shows_the_models_own_weights_decode_rows_and_order(page, server, f
     page.click("#run")
     page.wait("window.explain.attention && window.explain.attention.tokens.length > 0", "the attention view", timeout_s=120)
     got = page.js("window.explain.attention")
-    loaded = load_any(folder)
+    loaded = load_model(folder)
     want = capture.prompt_weights(loaded.model.eval(), loaded.tokenizer.encode(prompt))
     assert got["tokens"] == [chr(b) for b in prompt.encode()]
     torch.testing.assert_close(torch.tensor(got["weights"]), want[got["layer"], got["head"]], atol=1e-5, rtol=1e-4)

@@ -12,7 +12,7 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
 from attnlab.engine import generate  # noqa: E402
 from attnlab.errors import CheckpointError  # noqa: E402
 from attnlab.models import build_model  # noqa: E402
-from attnlab.loading import load_any  # noqa: E402
+from attnlab.resolve import load_model  # noqa: E402
 from attnlab.models.hf import load_hf, save_hf  # noqa: E402
 
 V = 97
@@ -179,7 +179,7 @@ def test_tokenizer_and_generation_config_are_used(tmp_path):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 5}))
-    loaded = load_any(tmp_path)
+    loaded = load_model(tmp_path)
     assert loaded.kind == "hf" and loaded.stop_tokens == [5]
     assert loaded.tokenizer.encode("w3 w4") == [3, 4]
 

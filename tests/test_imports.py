@@ -9,13 +9,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "attnlab"
 
 # (module prefix, prefixes it must never import, why)
 RULES = [
-    ("attnlab.models", ("attnlab.engine", "attnlab.train", "attnlab.serve", "attnlab.report", "attnlab.cli",
-                        "attnlab.experiments", "attnlab.measure"),
+    ("attnlab.models", ("attnlab.engine", "attnlab.train", "attnlab.fit", "attnlab.checkpoint", "attnlab.serve",
+                        "attnlab.report", "attnlab.cli", "attnlab.experiments", "attnlab.measure", "attnlab.resolve"),
      "models/ is the plain reference: it knows nothing of who runs it"),
     ("attnlab.cost", ("attnlab.engine", "attnlab.measure", "attnlab.models", "attnlab.kernels", "attnlab.timing",
                       "attnlab.serve", "attnlab.report", "attnlab.cli", "attnlab.experiments"),
      "cost/ is a pure library: calibration data in, seconds out; measuring is measure/'s"),
     ("attnlab.config", ("attnlab.models", "attnlab.engine"), "config holds names and defaults, not model code"),
+    ("attnlab.fit", ("attnlab.train", "attnlab.engine", "attnlab.serve", "attnlab.experiments", "attnlab.recsys"),
+     "the one training loop takes a built model and a loss; its callers bring the rest"),
     ("attnlab.engine", ("attnlab.serve", "attnlab.report", "attnlab.cli", "attnlab.experiments"),
      "the engine serves every client; none of them is part of it"),
     ("attnlab.timing", ("attnlab.engine", "attnlab.models", "attnlab.measure", "attnlab.experiments"),
@@ -91,11 +93,13 @@ def test_the_rules_read_real_imports():
 
 
 def test_the_names_config_checks_are_the_registries_names():
-    """config.py spells the kernel and encoding names so that it needs no model code; the registries must agree."""
-    import attnlab.models  # noqa: F401  (fills KERNELS with flash.py's and sparse.py's kernels)
-    from attnlab.config import KERNEL_NAMES, POSITIONAL_NAMES
+    """config.py spells the kernel, encoding and family names so that it needs no model code; the registries must
+    agree."""
+    from attnlab.config import FAMILIES, KERNEL_NAMES, POSITIONAL_NAMES
+    from attnlab.models import MODEL_CLASSES  # importing models fills KERNELS with flash.py's and sparse.py's
     from attnlab.models.attention import KERNELS
     from attnlab.models.positional import POSITIONAL
 
     assert set(KERNELS) == set(KERNEL_NAMES)
+    assert set(MODEL_CLASSES) == set(FAMILIES)
     assert set(POSITIONAL) == set(POSITIONAL_NAMES)

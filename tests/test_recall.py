@@ -35,7 +35,7 @@ def test_recall_batch_rejects_what_does_not_fit():
 def test_families_are_matched_within_ten_percent_with_equal_heads():
     for scale, setup in recall.SETUPS.items():
         target = recall.n_params(recall.build_model(recall.model_config("transformer", setup), "meta"))
-        for name in recall.FAMILIES:
+        for name in recall.MODEL_FIELDS:
             cfg = recall.matched_config(name, setup)
             n = recall.n_params(recall.build_model(cfg, "meta"))
             assert abs(n / target - 1) <= 0.10, (scale, name, n, target)

@@ -156,7 +156,7 @@ def test_scan_depths_grow_like_log_T_and_T():
                                 dict(family="linear", pos="none"), dict(family="ssm", pos="none")])
 def test_new_models_train_and_decode(kw):
     from attnlab.engine import generate
-    from attnlab.train import lm_loss
+    from attnlab.fit import lm_loss
 
     model = build_model(ModelConfig(dim=32, n_layers=2, n_heads=4, vocab_size=30, max_seq_len=64, **kw))
     x = torch.randint(0, 30, (2, 20))

@@ -13,7 +13,8 @@ from attnlab.checkpoint import load_checkpoint, verify
 from attnlab.config import TrainConfig
 from attnlab.errors import CheckpointError, ConfigError, TrainingDiverged
 from attnlab.models import build_model
-from attnlab.train import lm_loss, lr_at, make_optimizer, train
+from attnlab.fit import lm_loss, lr_at, make_optimizer
+from attnlab.train import train
 from conftest import FAMILIES, tiny
 
 OVERFIT_LOSS = 0.3  # the stated bar: a tiny fixed batch is memorised below this cross-entropy (nats)
@@ -144,7 +145,7 @@ def test_learned_positions_reject_long_sequences(tmp_path, text_file):
 
 
 def test_distill_loss_is_kl_to_the_teacher():
-    from attnlab.train import distill_loss
+    from attnlab.fit import distill_loss
 
     y = torch.randint(0, 11, (2, 5))
     t = torch.randn(2, 5, 11)
@@ -169,12 +170,12 @@ def test_distilled_student_agrees_with_its_teacher_more_than_a_plain_one(tmp_pat
     distilled = train(small, distill_t, tmp_path / "student", progress=False)
     assert "teacher_agreement" not in plain and teacher["final_step"] == 60
     from attnlab.data.tasks import make_task
-    from attnlab.loading import load_any
-    from attnlab.train import evaluate
+    from attnlab.resolve import load_model
+    from attnlab.fit import evaluate
 
     batches = make_task(plain_t).eval_batches()
-    tm = load_any(tmp_path / "teacher").model.eval()
-    agree = {name: evaluate(load_any(tmp_path / name).model, batches, "cpu", tm)["teacher_agreement"]
+    tm = load_model(tmp_path / "teacher").model.eval()
+    agree = {name: evaluate(load_model(tmp_path / name).model, batches, "cpu", tm)["teacher_agreement"]
              for name in ("plain", "student")}
     assert agree["student"] == pytest.approx(distilled["teacher_agreement"])
     assert agree["student"] > agree["plain"]
@@ -196,7 +197,7 @@ def test_distilling_from_another_vocabulary_is_refused(tmp_path, text_file):
 def test_in_memory_distillation_imitates_the_teacher():
     """train_in_memory(teacher=...) minimises the KL to the teacher: the student ends up agreeing with the
     teacher's argmax far more than one trained on the same (random) targets."""
-    from attnlab.train import train_in_memory
+    from attnlab.fit import train_in_memory
 
     torch.manual_seed(0)
     teacher = build_model(tiny(vocab_size=37, init_std=0.3)).eval()
@@ -219,7 +220,7 @@ def test_in_memory_distillation_imitates_the_teacher():
 
 def test_in_memory_distillation_from_precomputed_logits_equals_a_live_teacher():
     """A batch of (x, y, teacher_logits) distils exactly as teacher= does (e13 computes its target's logits once)."""
-    from attnlab.train import train_in_memory
+    from attnlab.fit import train_in_memory
 
     torch.manual_seed(0)
     teacher = build_model(tiny(vocab_size=37, init_std=0.3)).eval()
@@ -242,7 +243,7 @@ def test_in_memory_distillation_from_precomputed_logits_equals_a_live_teacher():
 
 def test_in_memory_training_under_bf16_autocast_learns():
     """amp=True: bf16 autocast in forward and backward, fp32 weights; the loss on a learnable sequence falls."""
-    from attnlab.train import lm_loss, train_in_memory
+    from attnlab.fit import lm_loss, train_in_memory
 
     torch.manual_seed(0)
     model = build_model(tiny(vocab_size=37, dim=32, n_layers=1))

@@ -1,14 +1,15 @@
-"""Cost model: what a prompt costs, predicted from the architecture and hardware, and measured.
+"""Cost model, a pure library: what a prompt costs, predicted from the architecture and the hardware.
 
-- ``arch``: architectures (presets, attnlab configs, Hugging Face config.json)
-- ``hardware``: datasheet specs and the calibrated ``local`` machine
-- ``calibrate``: the micro-benchmarks behind ``local`` (at shapes no validated model uses)
-- ``cpu``: predicted engine times on a CPU from those micro-benchmarks
+- ``arch``: architectures (attnlab configs, Hugging Face config.json, the published ones a user may name)
+- ``hardware``: datasheet specs, interconnects, a measured spec from calibration figures
+- ``cpu``: predicted engine times on a CPU from the calibration's micro-benchmarks
 - ``analytic``: parameters, FLOPs, bytes, KV cache, memory, depth, roofline latency
-- ``trace``: measured work and depth from a dispatch-level tracer
-- ``validate``: predicted vs measured on this machine, on held-out models
+- ``parallel``: plans across devices
+
+Measuring (the micro-benchmarks, the engine timed whole, the tracer, the held-out validation) lives in
+attnlab/measure; a name or path becomes an ``Arch`` through attnlab/resolve.py.
 """
 from attnlab.cost.analytic import Workload, compare, estimate
-from attnlab.cost.arch import Arch, resolve
+from attnlab.cost.arch import Arch
 
-__all__ = ["Arch", "Workload", "compare", "estimate", "resolve"]
+__all__ = ["Arch", "Workload", "compare", "estimate"]

@@ -125,7 +125,7 @@ def forward_elementwise(a: Arch, T: int, S: int = 0, batch: int = 1, sampled_row
     nonlinearities and state updates, (2 + 3*gates)*T*d per layer; SSM: the scan's elementwise updates
     4*T*E*N + norms and gates; linear attention: the feature map and normaliser, 4*T*(q + kv) + norms + MLP.
     Sampling a token from a row of logits (argmax or draw, and the log-sum-exp for its log-probability): 2*V
-    per sampled row. Narrow models spend a large share of a CPU prefill here (measured: ~30% at d = 160)."""
+    per sampled row. Narrow models spend a large share of a CPU prefill here."""
     d, L = a.dim, a.n_layers
     if a.family in ("rnn", "lstm", "gru"):
         gates = {"rnn": 1, "lstm": 4, "gru": 3}[a.family]

@@ -1,4 +1,5 @@
-"""Architectures the cost model describes: attnlab configs, Hugging Face config.json files and presets.
+"""Architectures the cost model describes: attnlab configs, Hugging Face config.json files, and the published
+architectures (``PUBLISHED``) a user may name. attnlab/resolve.py turns a name or a path into one.
 
 ``Arch`` holds only what cost depends on, including details attnlab's own model does not implement
 (separate biases on the output projection and on the MLP), so real model cards can be priced exactly.
@@ -6,9 +7,7 @@ A Hugging Face config's sliding window is read as the loader reads it (models/hf
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from attnlab.errors import ConfigError
 
@@ -103,8 +102,8 @@ def _gpt2(name, d, L, h):
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
 
-# Published config.json values (Hugging Face model cards), stored as plain data.
-PRESETS: dict[str, dict] = {
+# Published config.json values (Hugging Face model cards), stored as plain data: shapes only, no weights.
+PUBLISHED: dict[str, dict] = {
     "gpt2": _gpt2("gpt2", 768, 12, 12),
     "gpt2-medium": _gpt2("gpt2-medium", 1024, 24, 16),
     "gpt2-large": _gpt2("gpt2-large", 1280, 36, 20),
@@ -140,27 +139,3 @@ PRESETS: dict[str, dict] = {
                         max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=False,
                         use_sliding_window=False),
 }
-
-
-def resolve(model: str) -> Arch:
-    """MODEL = a cost preset, an attnlab preset, a checkpoint folder (attnlab or HF) or a config.json path."""
-    from attnlab.config import PRESETS as OWN, RunConfig, preset
-
-    if model in PRESETS:
-        return from_hf_config(PRESETS[model], model)
-    if model in OWN:
-        return from_model_config(preset(model), f"attnlab:{model}")
-    path = Path(model)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
-        if "model_type" in data:
-            return from_hf_config(data, str(path))
-        return from_model_config(RunConfig.from_dict(data, str(path)).model, str(path))
-    names = list(PRESETS) + [n for n in OWN if n not in PRESETS]
-    raise ConfigError(f"unknown model {model!r}: give a preset ({', '.join(names)}), "
-                      "a checkpoint folder, or a config.json path")

@@ -120,14 +120,25 @@ class Split:
         rows = x.shape[0] // W
         return x[r * rows:(r + 1) * rows], y[r * rows:(r + 1) * rows], None
 
-    def loss(self, logits: torch.Tensor, y: torch.Tensor):
-        """-> (loss to backpropagate, the global batch's mean loss as a float tensor for logging)."""
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), ignore_index=self.ignore,
-                             reduction="sum")
-        stats = torch.stack([ce.detach(), (y != self.ignore).sum().to(ce.dtype)])
+    def loss(self, logits: torch.Tensor, y: torch.Tensor, teacher_logits: torch.Tensor | None = None,
+             weight: float = 1.0, temperature: float = 1.0):
+        """-> (loss to backpropagate, the global batch's mean loss as a float tensor for logging). With
+        ``teacher_logits``, the loss is fit.distill_loss's: weight x KL(teacher || student) + (1 - weight) x
+        cross-entropy per target position, summed over this rank's targets and divided by the global count, so
+        the processes together take the one-process step."""
+        from attnlab.fit import kl_per_target
+
+        total = 0.0
+        if teacher_logits is None or weight != 1.0:
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1),
+                                 ignore_index=self.ignore, reduction="sum")
+            total = ce if teacher_logits is None else (1 - weight) * ce
+        if teacher_logits is not None:
+            total = total + weight * kl_per_target(logits, teacher_logits, y, temperature, self.ignore).sum()
+        stats = torch.stack([total.detach(), (y != self.ignore).sum().to(total.dtype)])
         dist.all_reduce(stats)
         n = stats[1].clamp(min=1)
-        return ce * self.ctx.world_size / n, stats[0] / n  # DDP averages gradients: times W gives the global mean
+        return total * self.ctx.world_size / n, stats[0] / n  # DDP averages gradients: times W: the global mean
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -138,7 +149,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's weights on every rank, without the tied head's alias (collective under FSDP)."""
-    from attnlab.checkpoint import unique_state_dict_names
+    from attnlab.models.weights import unique_state_dict_names
 
     inner = unwrap(model)
     keep = set(unique_state_dict_names(inner))

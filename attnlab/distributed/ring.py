@@ -216,8 +216,8 @@ class RingState:
         # queries dropped, and a learned position table has no rows beyond max_seq_len
         return local_positions(self.seq_len, self.world, self.rank, tokens.device).clamp(max=self.seq_len - 1)
 
-    def attention(self, layer: int, q, k, v, run):
-        if getattr(run, "ordered", False):
+    def attention(self, layer: int, q, k, v, attend):
+        if attend.ordered:
             raise ValueError("sequence parallelism does not support ALiBi positions; use --pos rope or learned")
         scale = q.shape[-1] ** -0.5
         return ring_attention(q, k, v, causal=self.causal, scale=scale, seq_len=self.seq_len, group=self.group)

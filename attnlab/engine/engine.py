@@ -30,11 +30,14 @@ from typing import Iterator
 import torch
 
 from attnlab.engine.detok import TextStream
+from attnlab.engine.fast import inference
 from attnlab.engine.output import GenerationOutput, finish_output
 from attnlab.engine.request import FINISHED, Event, Request, RequestError, Sequence, check_prompt
 from attnlab.engine.sampling import SamplingParams
 from attnlab.engine.scheduler import Scheduler
 from attnlab.errors import AttnlabError, ConfigError
+from attnlab.kernels import paths
+from attnlab.models.block_pool import KV_BLOCK_SIZE
 
 log = logging.getLogger("attnlab.engine")
 
@@ -53,7 +56,7 @@ class EngineConfig:
     prefill_budget: int | None = None  # prompt tokens per step across prompts; None: no cap
     paged: bool | None = None  # None: paged where the model's state can be shared by block (shares_blocks)
     kv_blocks: int | None = None  # paged pool size; None: max_batch * ceil(max_len / block_size)
-    block_size: int = 16  # tokens per KV block
+    block_size: int = KV_BLOCK_SIZE  # tokens per KV block
     cache_dtype: torch.dtype | None = None  # None: the model's cache dtype
     prefix_reuse: bool = True  # reuse what earlier requests computed (cached blocks, or a kept state)
     raise_faults: bool = True  # a failed forward raises (a library call); False: its requests fail (a server)
@@ -70,9 +73,12 @@ class EngineConfig:
 
 class Engine:
     def __init__(self, model, config: EngineConfig | None = None, tokenizer=None, proposer=None):
-        """``tokenizer``: text prompts, text in events, stop strings. ``proposer``: drafts for speculative
-        decoding (speculative.py), verified in the same step."""
+        """``model``: any model of the contract, run as an InferenceModel (engine/fast: set_precision's, or this one
+        wrapped as it stands). ``tokenizer``: text prompts, text in events, stop strings. ``proposer``: drafts for
+        speculative decoding (speculative.py), verified in the same step."""
+        model = inference(model)
         self.model, self.tokenizer, self.proposer = model, tokenizer, proposer
+        self._paths_at_start = paths.snapshot()
         self.config = cfg = config or EngineConfig()
         self.max_len = cfg.max_len or model.cfg.max_seq_len
         can_page = shares_blocks(model.cfg)
@@ -164,9 +170,11 @@ class Engine:
 
     def stats(self) -> dict:
         """What a caller may watch without reading the queues, from any thread (counts only: a server's metrics
-        read it while the engine thread steps): requests by stage, the pool, the error counts."""
+        read it while the engine thread steps): requests by stage, the pool, the error counts, and which kernel
+        paths ran since this engine was made (kernels.paths; the counts are the process's, so another engine
+        stepping meanwhile adds to them)."""
         return {**self.scheduler.stats(), "max_batch": self.config.max_batch, "max_len": self.max_len,
-                "paged": self.paged}
+                "paged": self.paged, "kernel_paths": paths.since(self._paths_at_start)}
 
     @property
     def state_bytes(self) -> int:

@@ -20,6 +20,7 @@ import torch
 
 from attnlab.engine.detok import TextStream
 from attnlab.engine.engine import Engine, EngineConfig
+from attnlab.engine.fast import inference
 from attnlab.engine.output import GenerationOutput, finish_output
 from attnlab.engine.request import Request, check_prompt
 from attnlab.engine.request import Sequence as Seq
@@ -46,6 +47,7 @@ def generate(model, prompts: Sequence[Sequence[int]] | Sequence[int], max_new_to
     Every prompt runs with the same sampling settings, each sequence with its own seeded generator. ``proposer``
     (speculative.py) drafts tokens that each step verifies."""
     params = params or SamplingParams()
+    model = inference(model)
     if not prompts or isinstance(prompts[0], int):  # one prompt given as a flat list of ids
         prompts = [list(prompts)]
     t0 = time.perf_counter()
@@ -105,8 +107,8 @@ def sample_continuations(model, ids: torch.Tensor, n: int, prompt_len: int, new_
                          batch: int = 32) -> list[list[int]]:
     """n prompts of prompt_len tokens drawn at random from ``ids`` (seeded), each followed by the model's greedy
     continuation of new_tokens: the text a draft distilled from this model will be asked to predict. The prompts
-    share one length, so `batch` of them decode together with no padding (32 at a time: ~20x the throughput
-    of one at a time on this project's 2-core CPU)."""
+    share one length, so `batch` of them decode together with no padding (a batch of decode steps costs little
+    more than one: the weights are read once for every row)."""
     starts = torch.randint(0, len(ids) - prompt_len - new_tokens, (n,),
                            generator=torch.Generator().manual_seed(seed)).tolist()
     out = []

@@ -2,18 +2,16 @@
 measurement per shape on the machine it runs on.
 
 Such a call is compute-bound (each weight is read once for hundreds of rows), so what decides its speed is the
-GEMM library, and which library is fastest depends on the CPU. Torch 2.13's F.linear sends an fp32 product to MKL
-and a bf16 one to oneDNN. On the AMD EPYC (Zen 5: AVX-512 and avx512_bf16, no AMX) of session 12, MKL ran GPT-2
-small's fp32 matrices at 130-180 GFLOP/s on 2 threads and oneDNN, over the same plain weight, at 320-400 (MKL's
-AVX-512 kernels are for Intel CPUs): a 512-token GPT-2 small prefill spent 96% of its time in MKL's addmm. On an
-Intel CPU both libraries have AVX-512 kernels and either may win. So each shape is timed once per process on both
-and the faster kept:
+GEMM library, and which library is fastest depends on the CPU: torch's F.linear sends an fp32 product to MKL and a
+bf16 one to oneDNN, and MKL's AVX-512 kernels are written for Intel CPUs, so on an AMD one oneDNN can be twice as
+fast over the same weight, while on an Intel one either may win (docs/engine.md has the figures). So each shape is
+timed once per process on both and the faster kept:
 
 - ``linear``: F.linear (torch's own choice of library);
 - ``onednn``: ``torch.ops.mkldnn._linear_pointwise`` over the same (out, in) weight, laid out as it is: no second
-  copy of the weights (oneDNN reads a plain weight, measured within 10% of its prepacked layout at 64+ rows).
+  copy of the weights (at prefill sizes oneDNN reads a plain weight about as fast as its prepacked layout).
 
-Both are fp32 arithmetic on fp32 inputs (oneDNN's sums in another order: ~1e-6 relative here).
+Both are fp32 arithmetic on fp32 inputs (oneDNN sums in another order: ~1e-6 relative).
 """
 from __future__ import annotations
 
@@ -23,13 +21,13 @@ import torch.nn.functional as F
 from attnlab.timing import time_calls
 
 PATHS = ("linear", "onednn")
-PROBE_ROWS = 128  # a short prompt's worth: both libraries past their few-row ramp (measured from 64 rows on)
+PROBE_ROWS = 128  # a short prompt's worth: both libraries past their few-row ramp
 PROBE_CALLS = 3  # best of 3, after one untimed call
 _chosen: dict = {}  # (in, out, dtype, bias, transposed) -> path, measured once per process
 
 
 def candidates(weight: torch.Tensor) -> tuple[str, ...]:
-    """The paths that can run this weight here: oneDNN for fp32 and bf16 on a CPU with oneDNN."""
+    """The paths that can run this weight on this machine: oneDNN for fp32 and bf16 on a CPU with oneDNN."""
     if weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and \
             torch.backends.mkldnn.is_available():
         return PATHS

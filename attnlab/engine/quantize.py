@@ -16,8 +16,8 @@ from torch import nn
 
 from attnlab import kernels
 from attnlab.engine import many_rows
+from attnlab.engine.fast.inference import InferenceModel
 from attnlab.errors import AttnlabError
-from attnlab.models import block_step
 from attnlab.runtime import native_bf16
 from attnlab.timing import time_calls
 
@@ -28,14 +28,13 @@ _NONE = torch.empty(0)  # "no scale" / "no bias" for the compiled kernel
 
 # Up to this many rows (a decode step, a speculative verification, a server's batch) a product streams its weight
 # from memory, as decode meets it: its candidates are timed cold, and only layouts the compiled block step can read
-# compete (the packed ones are opaque: they could not be flushed for a fair timing, and a block with one runs its
-# Python forward; at one row, cold, over GPT-2 small's matrices they took 18.0-18.8 ms a token against 14.8-16.3
-# for the plain layouts; at 8 rows MKL's packed fp32 took 18.6-22.0 ms against attnlab's 16.2-17.4).
+# compete. The packed ones are opaque (they cannot be flushed for a fair timing, and a block holding one runs its
+# Python forward), and cold they were slower than the plain layouts at 1 and 8 rows (docs/engine.md).
 COLD_ROWS = kernels.MAX_ROWS
 
 
 def _evict(module) -> None:
-    """Flush the module's weights from every cache level (where the compiled kernels are here to do it)."""
+    """Flush the module's weights from every cache level (where the compiled kernels built, which do it)."""
     mod = kernels.native()
     if mod is None:
         return
@@ -49,10 +48,9 @@ def _time_paths(module, paths: list[str], xs: list[torch.Tensor], probe_calls: i
                 cold: bool = False) -> str:
     """Set module.path to each of ``paths`` in turn (after ``install(path)`` where given: lays its weights out),
     time ``probe_calls`` calls at each input (best of each, summed), return the fastest path's name (a path whose
-    kernel is missing here is skipped). ``cold``: the weights are flushed from the caches before each timed call.
-    Why: decode streams every weight from memory once per token (GPT-2 small's ~0.5 GB does not stay in any
-    cache), and warm timings here picked torch's (in, out) product for two of GPT-2's fp32 matrices, which took
-    15.5 ms a token over all the model's matrices, cold, against 14.8 ms for the compiled kernel everywhere."""
+    kernel is missing on this machine is skipped). ``cold``: the weights are flushed from the caches before each
+    timed call. Why: decode streams every weight from memory once per token (a model of hundreds of MB does not stay
+    in any cache), and warm timings favour a layout that is not the fastest when the weight comes from memory."""
     best, best_s = paths[0], float("inf")
     for path in paths:
         total = 0.0
@@ -80,33 +78,28 @@ class DenseLinear(nn.Module):
     """An inference-only Linear whose weight is laid out for the calls decode makes: a few rows at a time.
 
     Decode multiplies a few row vectors by every weight matrix, so the weight's layout and the kernel decide
-    how fast the matrix streams from memory, and which is fastest depends on the CPU: on an AMD EPYC here
-    oneDNN's prepacked layout was 1.1-1.3x nn.Linear in fp32; on an Intel Sapphire Rapids here MKL's packed
-    GEMM streamed GPT-2's 768 x 2304 matrix at 37 GB/s for 8 rows against oneDNN's 20 GB/s, and a plain
-    row-times-(in, out) product at 41 GB/s for 1 row against oneDNN's 27 GB/s. So the layout is chosen by
-    measurement on the machine it runs on: each candidate (``mkl`` packed, fp32 only; ``onednn`` packed;
+    how fast the matrix streams from memory, and which is fastest depends on the CPU (oneDNN's prepacked layout won
+    on one AMD machine, MKL's packed GEMM and a plain product on an Intel one: docs/engine.md). So the layout is
+    chosen by measurement on the machine it runs on: each candidate (``mkl`` packed, fp32 only; ``onednn`` packed;
     ``matmul`` with the weight stored (in, out), like GPT-2's Conv1D; ``mv``, a matrix-vector product, for
     one row) is timed at ``rows`` rows and the
     fastest kept; the choice is remembered per shape, dtype and row count. ``path`` records which runs.
 
     ``rows``: how many rows (batch x tokens) the decode calls will usually carry: 1 for plain decoding, k+1
     for the target of speculative decoding, B for a batch of B sequences. Packed layouts are laid out for
-    that size (on the AMD machine, weights packed for 1 row made a 4-row call 1.54x a 1-row call, packed for
-    4 rows 1.16x). Prefill (more than ``rows`` and kernels.MAX_ROWS rows) reads the same weight through
+    that size (weights packed for 1 row make a 4-row call much slower than weights packed for 4). Prefill (more than ``rows`` and kernels.MAX_ROWS rows) reads the same weight through
     engine/many_rows, whose library GEMM is chosen by its own measurement (``many_path``); a weight packed by
     oneDNN is read by oneDNN at every row count.
 
     ``few_rows`` (fp32 or bf16 on a CPU where attnlab's kernel builds: attnlab/kernels): up to kernels.MAX_ROWS
     rows, each weight vector is read once for up to 4 rows and a bf16 one widened in registers, all in fp32
-    arithmetic (torch's one-row bf16 kernels streamed 10-13 GB/s of bf16 on the Sapphire Rapids here, slower
-    than fp32, and its fp32 GEMMs at 8 rows 14-19 GB/s against 27-30 at one); more rows (prefill) go to
-    engine/many_rows.
+    arithmetic (torch's own few-row kernels stream a bf16 weight slower than an fp32 one, and lose bandwidth as the
+    rows grow); more rows (prefill) go to engine/many_rows.
 
     ``varying``: the row count changes from call to call (a server's batch grows and shrinks between 1 and
     ``rows``). Only layouts that serve every row count compete (``mkl``'s packed weight serves exactly its
     row count and falls back to a plain product otherwise; ``mv`` serves one row), each timed over 1, rows/4
-    and rows rows. Measured here on GPT-2 small's LM head: the plain (in, out) product took 5.8 / 13.5 / 19.1
-    ms at 1 / 4 / 16 rows, oneDNN's layout packed for 16 rows 7.9 / 8.9 / 13.5 ms.
+    and rows rows, since the best layout at one row count can be the worst at another (docs/engine.md).
     """
 
     _chosen: dict = {}  # (in, out, dtype, rows, bias) -> path, measured once per process
@@ -139,8 +132,8 @@ class DenseLinear(nn.Module):
     def _candidates(self, w: torch.Tensor, dtype, rows: int) -> dict:
         """path -> a function that installs that layout on self."""
         out = {"matmul": lambda: setattr(self, "weight_t", nn.Parameter(w.t().contiguous(), requires_grad=False))}
-        if rows == 1:  # one row: a matrix-vector product over the (out, in) weight (bf16: 27 vs 17 GB/s for
-            out["mv"] = lambda: self.register_buffer("weight", w, persistent=False)  # oneDNN, measured here)
+        if rows == 1:  # one row: a matrix-vector product over the (out, in) weight
+            out["mv"] = lambda: self.register_buffer("weight", w, persistent=False)
         if w.device.type != "cpu":
             return out
         if dtype in (torch.float32, torch.bfloat16) and kernels.native() is not None:
@@ -172,6 +165,16 @@ class DenseLinear(nn.Module):
                 delattr(self, name)
         return best
 
+    def step_operands(self) -> tuple | None:
+        """(weight (out, in), fp32 scale or empty, fp32 bias or empty) as the compiled decode step reads this matrix
+        (engine/fast/block_step.py), or None for a layout it cannot read (oneDNN's or MKL's packed weights). The
+        ``matmul`` layout is handed over as its (out, in) view, multiplied by torch's product."""
+        if self.path == "matmul":
+            return self.weight_t.t(), _NONE, _NONE if self.bias is None else self.bias
+        if self.path in ("few_rows", "mv"):
+            return self.weight, _NONE, self._bias32
+        return None
+
     def forward(self, x):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])  # (B*T, in)
@@ -202,7 +205,6 @@ def _replace_linears(model: nn.Module, make) -> None:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, make(child))
-    block_step.forget(model)  # a compiled step's kept arguments would hold the replaced weights alive
 
 
 class Int8Linear(nn.Module):
@@ -214,11 +216,9 @@ class Int8Linear(nn.Module):
     more rows go to int8pack). Both use the same int8 weights and the same (bf16-rounded) scales.
 
     From ``MANY_ROWS`` rows (a prefill, a long verification) the weight is widened to the activations' dtype for
-    the call and multiplied by the dense kernel (engine/many_rows' choice: oneDNN's AMX GEMM here), the scale
-    applied to the product: such a call is compute-bound, and int8pack's kernel is a vector loop. Measured on the
-    Sapphire Rapids here (2 threads, bf16 activations, best of 5): GPT-2's 768 x 2304 matrix at 512 rows 17.7 ms
-    in int8pack, 3.4 ms widened; at 64 rows 2.2 vs 0.8; at 16 rows 0.57 vs 0.55; at 8 rows 0.31 vs 0.54. A
-    512-token prefill of GPT-2 small in int8 took 0.76-0.97 s, twice fp32's and five times bf16's."""
+    the call and multiplied by the dense kernel (engine/many_rows' choice, oneDNN's AMX GEMM where the CPU has
+    it), the scale applied to the product: such a call is compute-bound, and int8pack's kernel is a vector loop, so
+    from a few dozen rows widening wins and below that int8pack does (docs/engine.md)."""
 
     CHUNK_ROWS = 8192
     MANY_ROWS = 32
@@ -248,6 +248,11 @@ class Int8Linear(nn.Module):
         if wide is not None:  # the prefill product's library, measured now rather than in the first prefill
             many_rows.choose(self.weight.to(wide), None)
 
+    def step_operands(self) -> tuple | None:
+        """(int8 weight (out, in), fp32 scale, fp32 bias or empty) for the compiled decode step, or None where this
+        matrix runs torch's int8 kernel (whose packing the step cannot read)."""
+        return (self.weight, self._scale32, self._bias32) if self.path == "few_rows" else None
+
     def forward(self, x):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])  # (B*T, in)
@@ -260,8 +265,8 @@ class Int8Linear(nn.Module):
                 w = self.weight.to(wide)
                 y = many_rows.linear(many_rows.choose(w, None), x2.to(wide), w, None)  # (rows, out)
                 y = (y.float() * self._scale32).to(x2.dtype)
-            elif self.out_features > self.CHUNK_ROWS:  # a wide matrix (the LM head) in row chunks: measured on the
-                # 50257 x 768 head here, 4.7 ms whole, 2.8 ms in 8 chunks (the kernel streams a chunk faster)
+            elif self.out_features > self.CHUNK_ROWS:  # a wide matrix (the LM head) in row chunks: torch's kernel
+                # streams a chunk faster than the whole (docs/engine.md)
                 y = torch.cat([torch._weight_int8pack_mm(x2, w, s)
                                for w, s in zip(self.weight.split(self.CHUNK_ROWS), self.scale.split(self.CHUNK_ROWS))],
                               dim=-1)
@@ -277,8 +282,8 @@ class Int8Linear(nn.Module):
 
     def _widen_to(self, dtype: torch.dtype, device: torch.device) -> torch.dtype | None:
         """The dtype a many-row call widens the weight to: the activations' own where the device runs it natively
-        (bf16 matmuls emulated on an AVX2-only CPU were ~100x slower than fp32), else fp32; None on a device
-        whose dense kernel is not known to beat int8pack here (left to int8pack)."""
+        (an emulated bf16 matmul is far slower than fp32: runtime's dtype policy), else fp32; None on a device
+        whose dense kernel is not known to beat int8pack (left to int8pack)."""
         if device.type != "cpu":
             return None
         return dtype if dtype == torch.float32 or native_bf16("cpu") else torch.float32
@@ -291,26 +296,30 @@ class Int8Linear(nn.Module):
 def quantize_int8(model: nn.Module, act_dtype: torch.dtype = torch.bfloat16, rows: int = 1,
                   varying: bool = False) -> nn.Module:
     """Replace every Linear (projections, MLP, LM head) with Int8Linear (its kernel chosen for calls of ``rows``
-    rows, as DenseLinear's layout); the rest runs in act_dtype."""
+    rows, as DenseLinear's layout), in place; the rest runs in act_dtype. Returns the model."""
     if getattr(model.cfg, "is_recurrent", False):
         raise AttnlabError("int8 quantization supports the transformer family; use fp32 or bf16 for rnn/lstm/gru")
     model = model.to(act_dtype)
     _replace_linears(model, lambda lin: Int8Linear(lin, act_dtype, rows, varying))
-    model.precision = "int8"
     return model
 
 
-def set_precision(model: nn.Module, dtype: str, layout: bool = True, rows: int = 1, varying: bool = False) -> nn.Module:
-    """Make a model ready for inference (in place; no training afterwards).
+def set_precision(model: nn.Module, dtype: str, layout: bool = True, rows: int = 1, varying: bool = False,
+                  compiled: bool = True) -> InferenceModel:
+    """The model ready for inference, as an InferenceModel (engine/fast) around it; the model's weights are converted
+    in place (no training afterwards).
 
     dtype: fp32 | bf16 | fp16 | int8 (weight-only, bf16 activations). ``layout`` (dense dtypes, transformer
     family) switches Linears to the decode-friendly layout of DenseLinear, prepared for calls of ``rows`` rows
     (1: plain decoding; k+1: a speculative target's verify pass; with ``varying``, anything from 1 to ``rows``:
-    a server's batch)."""
+    a server's batch). ``compiled``: decode steps through the compiled block step where it applies (False: the
+    blocks' own forward, as a tracer counting their ops needs)."""
     if rows < 1:
         raise AttnlabError(f"rows={rows} must be >= 1")
     if dtype not in DTYPES:
         raise AttnlabError(f"dtype {dtype!r} is not supported; choose one of: {', '.join(DTYPES)}")
+    if isinstance(model, InferenceModel):
+        model = model.model
     model.eval()
     if dtype == "int8":
         model = quantize_int8(model, rows=rows, varying=varying)
@@ -318,17 +327,20 @@ def set_precision(model: nn.Module, dtype: str, layout: bool = True, rows: int =
         model = model.to(DTYPES[dtype])
         if layout and not getattr(model.cfg, "is_recurrent", False):
             _replace_linears(model, lambda lin: DenseLinear(lin, DTYPES[dtype], rows, varying))
-    model.precision, model.rows = dtype, rows
-    if dtype != "fp32" and next(model.parameters()).device.type == "cpu" and not model.cfg.is_recurrent:
-        # The KV cache's dtype on a CPU. attnlab's decode attention (kernels/decode_attention.cpp) reads a bf16
-        # cache widening it in registers, so there it stays bf16: half the bytes to hold and to read every step
-        # (GPT-2 small at 512 tokens: 38 -> 19 MB a token). Where that kernel does not run (no compiler, ALiBi,
-        # a kernel under study), torch's attention widened a bf16 cache whole every step (measured here on GPT-2
-        # small: 2.7 ms of a 28 ms bf16 step), so the cache is fp32 and only the new queries are widened.
-        # new_state(dtype=) overrides either choice.
-        fused = model.cfg.kernel == "sdpa" and model.cfg.pos != "alibi" and kernels.native() is not None
-        model.cache_dtype = torch.bfloat16 if fused and DTYPES[dtype] == torch.bfloat16 else torch.float32
-    return model
+    return InferenceModel(model, dtype, rows, cache_dtype=cache_dtype(model, dtype), compiled=compiled)
+
+
+def cache_dtype(model: nn.Module, dtype: str) -> torch.dtype | None:
+    """The KV cache's dtype for ``model`` at weight precision ``dtype`` on a CPU (None: the weights' own).
+
+    attnlab's decode attention (kernels/decode_attention.cpp) reads a bf16 cache widening it in registers, so where
+    it runs the cache stays bf16: half the bytes to hold and to read every step. Where it does not (no compiler,
+    ALiBi, a kernel under study), torch's attention would widen a bf16 cache whole every step, so the cache is fp32
+    and only the new queries are widened (docs/engine.md has the figures). new_state(dtype=) overrides either."""
+    if dtype == "fp32" or model.cfg.is_recurrent or next(model.parameters()).device.type != "cpu":
+        return None
+    fused = model.cfg.kernel == "sdpa" and model.cfg.pos != "alibi" and kernels.native() is not None
+    return torch.bfloat16 if fused and DTYPES[dtype] == torch.bfloat16 else torch.float32
 
 
 def weight_bytes(model: nn.Module) -> int:

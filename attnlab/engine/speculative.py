@@ -23,6 +23,7 @@ import warnings
 
 import torch
 
+from attnlab.engine.fast import inference
 from attnlab.engine.generate import GenerationOutput, batch_max_len, generate
 from attnlab.engine.sampling import SamplingParams, processed_probs
 from attnlab.errors import AttnlabError
@@ -119,9 +120,9 @@ class DraftProposer:
         if model.cfg.family != "transformer" or model.cfg.kernel == "sliding":
             raise AttnlabError("the draft must be a softmax transformer without the sliding kernel (its cache is "
                                "rolled back after rejections)")
-        self.model, self.k, self.max_len = model, k, max_len
+        self.model, self.k, self.max_len = inference(model), k, max_len
         self.device = next(model.parameters()).device
-        self.state = model.new_state(0, max_len)
+        self.state = self.model.new_state(0, max_len)
 
     def joined(self, seqs) -> None:
         for _ in seqs:  # new rows start empty: their first proposal feeds the whole text
@@ -197,8 +198,9 @@ def make_proposer(target, k: int, draft=None, prompt_lookup: bool = False, looku
     if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
         raise AttnlabError(f"the draft's vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                            f"({target.cfg.vocab_size}); use a draft trained with the same tokenizer")
-    if getattr(target, "precision", "fp32") != "fp32":
-        warnings.warn(f"speculative decoding with {target.precision} weights: the output follows the target's "
+    precision = inference(target).precision
+    if precision != "fp32":
+        warnings.warn(f"speculative decoding with {precision} weights: the output follows the target's "
                       "distribution, but greedy output can differ from plain greedy decoding where two tokens "
                       "nearly tie (the verify pass and a decode step round differently); use fp32 for identical "
                       "output", stacklevel=3)

@@ -16,7 +16,7 @@ from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Ser
                                       verdict)
 from attnlab.timing import matmul_peak, time_calls
 from attnlab.models import build_model, count_params
-from attnlab.train import lm_loss, make_optimizer
+from attnlab.fit import lm_loss, make_optimizer
 
 TITLE = "Parallel hardware idles on a chain"
 CLAIM = ("A transformer keeps the machine's arithmetic units busier than an LSTM of equal size, because its work "

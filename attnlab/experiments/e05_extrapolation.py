@@ -16,7 +16,7 @@ from attnlab.experiments.base import (Decision, Outcome, Plot, Series, condition
 from attnlab.experiments.training import FILLER, Job, run_tasks, workers_for
 from attnlab.models import build_model
 from attnlab.models.positional import Rope
-from attnlab.train import evaluate, train_in_memory
+from attnlab.fit import evaluate, train_in_memory
 
 TITLE = "Extrapolation beyond the training length"
 CLAIM = "Rotary position embeddings extrapolate to longer sequences better than absolute sinusoidal ones (a contested claim)."

@@ -13,7 +13,7 @@ import gc
 import torch
 
 from attnlab.cost.analytic import compare as cost_compare
-from attnlab.cost.arch import resolve
+from attnlab.resolve import architecture
 from attnlab.experiments.base import (Decision, Outcome, Plot, Series, condition, fit_exponent, in_regime, over_repeats,
                                       plausible_exponent, verdict)
 from attnlab.timing import PeakMemory, run_fresh, time_calls
@@ -112,7 +112,7 @@ def measure(scale: str, device: str) -> dict:
     exps["naive_fastest"] = fit_exponent(lens[tail], [s[0] for s in spread["naive"]][tail])
     peak = [r["peak_bytes"] for r in naive]
     exps["naive_peak_bytes"] = fit_exponent(lens[tail], peak[tail])
-    growth = cost_compare(resolve("llama-3-8b"), 8192, 131072)["parts"]
+    growth = cost_compare(architecture("llama-3-8b"), 8192, 131072)["parts"]
     fitted = lens[tail]
     rounds = [{"round": r + 1, "fitted_lengths": fitted, "calls_s": [row["calls_s"][r] for row in naive][tail],
                "time_exponent": fit_exponent(fitted, [row["calls_s"][r] for row in naive][tail]),

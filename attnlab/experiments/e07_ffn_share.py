@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.cost.analytic import crossover_tokens
-from attnlab.cost.arch import resolve
+from attnlab.resolve import architecture
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, in_regime, over_repeats,
                                       verdict)
 from attnlab.timing import time_calls
@@ -110,7 +110,7 @@ def measure(scale: str, device: str) -> dict:
                 rows.append(row)
     return {"rounds": [{"round": r + 1, "rows": rows, "measured_crossover": crossover(rows)}
                        for r, rows in enumerate(rounds)],
-            "analytic_crossover": crossover_tokens(resolve("gpt2")), "lengths": lens}
+            "analytic_crossover": crossover_tokens(architecture("gpt2")), "lengths": lens}
 
 
 def crossover(rows: list) -> float | None:

@@ -72,7 +72,7 @@ RECALL_MODELS = {"quick": ("transformer", "sliding", "linear"), "full": ("transf
 LOWEST = {"sdpa": 1.0, "flash": 1.0, "sliding": 0.5, "block_sparse": 1.0, "linear": 0.5, "ssm": 0.5}
 EST_S = {"quick": 3, "full": 60}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
 TRAIN_EST_S = {"quick": 10, "full": 350}  # this claim's share of the training stage (training.py), in seconds
-WINDOW = recall.FAMILIES["sliding"]["window"]  # the recall model's window: the one timed
+WINDOW = recall.MODEL_FIELDS["sliding"]["window"]  # the recall model's window: the one timed
 RECALL_MARGIN, LEARNED, MIN_N_PER_WINDOW = 0.05, 0.9, 32
 
 

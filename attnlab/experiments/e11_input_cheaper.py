@@ -9,13 +9,14 @@ decode step's time / B. Each repetition times every batch size once; repetitions
 import torch
 
 from attnlab.config import preset
-from attnlab.cost import Workload, estimate, resolve
+from attnlab.cost import Workload, estimate
 from attnlab.cost import hardware
 from attnlab.engine import generate
 from attnlab.engine.quantize import set_precision
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, in_regime, over_repeats,
                                       verdict)
 from attnlab.models import build_model
+from attnlab.resolve import architecture
 
 TITLE = "Input is cheaper than output"
 CLAIM = "Per token, reading input (prefill, parallel) costs much less time than producing output (decode, sequential)."
@@ -68,7 +69,7 @@ def measure(scale: str, device: str) -> dict:
     for b in s["batches"]:
         _costs(model, b, s["prompt"], 2)  # warm-up at each batch size
     reps = [[_costs(model, b, s["prompt"], s["new"]) for b in s["batches"]] for _ in range(REPEATS)]
-    model_ratio = {hw: estimate(resolve("llama-3-8b"), Workload(2048, 256, batch=32), hardware.get(hw))[
+    model_ratio = {hw: estimate(architecture("llama-3-8b"), Workload(2048, 256, batch=32), hardware.get(hw))[
         "output_over_input_cost"] for hw in GPUS}
     return {"repeats": reps, "batches": list(s["batches"]), "modelled_ratio": model_ratio}
 

@@ -1,6 +1,6 @@
 """Claim 14: a softmax spreads a fixed budget of attention, so irrelevant text and same-form distractors thin out the
 weight on the relevant fact (probed with facts planted in real text: needle.py)."""
-from attnlab.experiments import needle
+from attnlab.experiments import needle, needle_changes
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, in_regime, mean,
                                       verdict)
 
@@ -42,12 +42,12 @@ CHANGES = [
              "the key, so any distractor 'diluted' it trivially and the position curve was a first-fact bias. "
              "Verdicts of that run: 14 supported, 15 not supported, 16 inconclusive; under this regime all three read "
              "'inconclusive (regime not reached)' until the model reads the key.")},
-    needle.training_change(needle.TRAINING_AFTER, head=(
+    needle_changes.training_change(needle_changes.TRAINING_AFTER, head=(
         ("; the tracked head picked on the measured baseline probes"),
         ("; the tracked head picked on baseline probes drawn for that alone"),
         (" Picking the head on the very probes it is then measured on favoured a fall (the top of a noisy "
          "ranking falls on any re-draw), so the pick has probes of its own."))),
-    needle.lr_change(
+    needle_changes.lr_change(
         "inconclusive (unstable): repetitions inconclusive, not supported, inconclusive (weight on the "
         "fact fell 7-11% against a 10% margin, accuracy 0.6-5.6 points against 5)"),
     {"date": "2026-12-03", "what": "method: the two decided conditions drawn with 10x the probes and 4x the attention "
@@ -62,7 +62,7 @@ CHANGES = [
              "standard error ~3.2x, four times the maps the weight's 2x, at ~10 s a repetition. Prediction, margins, "
              "threshold and regime unchanged. Verdict before: inconclusive (unstable) (reference 83d7463); after: the "
              "reference at this change.")},
-    needle.stage_change("not supported"),
+    needle_changes.stage_change("not supported"),
 ]
 EST_S = {"quick": 2, "full": 60}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
 TRAIN_EST_S = {"quick": 17, "full": 350}  # this claim's share of the training stage (training.py), in seconds

@@ -1,6 +1,6 @@
 """Claim 15: where the relevant fact sits in a long context changes whether it is found (probed with facts planted in
 real text: needle.py)."""
-from attnlab.experiments import needle
+from attnlab.experiments import needle, needle_changes
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, in_regime, mean,
                                       verdict)
 
@@ -40,11 +40,11 @@ CHANGES = [
              "the key, so any distractor 'diluted' it trivially and the position curve was a first-fact bias. "
              "Verdicts of that run: 14 supported, 15 not supported, 16 inconclusive; under this regime all three read "
              "'inconclusive (regime not reached)' until the model reads the key.")},
-    needle.training_change(needle.TRAINING_AFTER),
-    needle.lr_change(
+    needle_changes.training_change(needle_changes.TRAINING_AFTER),
+    needle_changes.lr_change(
         "not supported in 3 of 3 repetitions (no U: the middle 0-6 points above the worse edge; the fact "
         "next to the question 5-8 points below the fact far from it)"),
-    needle.stage_change("not supported"),
+    needle_changes.stage_change("not supported"),
 ]
 EST_S = {"quick": 4, "full": 25}
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)

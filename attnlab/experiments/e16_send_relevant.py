@@ -2,7 +2,7 @@
 14 and 15: needle.py)."""
 import torch
 
-from attnlab.experiments import needle
+from attnlab.experiments import needle, needle_changes
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, clears, condition, in_regime, mean,
                                       verdict)
 from attnlab.timing import middle_half, time_calls
@@ -47,8 +47,8 @@ CHANGES = [
              "the key, so any distractor 'diluted' it trivially and the position curve was a first-fact bias. "
              "Verdicts of that run: 14 supported, 15 not supported, 16 inconclusive; under this regime all three read "
              "'inconclusive (regime not reached)' until the model reads the key.")},
-    needle.training_change(needle.TRAINING_AFTER),
-    needle.lr_change(
+    needle_changes.training_change(needle_changes.TRAINING_AFTER),
+    needle_changes.lr_change(
         "supported in 3 of 3 repetitions (relevant only 100% vs everything 96-98%; prefill 5.3-5.8x "
         "slower for 5x the bytes)"),
     {"date": "2026-12-03", "what": "threshold: the ratio's spread is the middle half of 7 timing rounds",
@@ -61,7 +61,7 @@ CHANGES = [
              "ratio. Prediction and regime unchanged. Verdict before: inconclusive (unstable) (reference 83d7463: "
              "inconclusive, supported, supported); after, on the same data (middle half of its 5 rounds): supported "
              "in all three (5.4-5.8x, 5.7-6.0x, 5.3-5.7x).")},
-    needle.stage_change("supported"),
+    needle_changes.stage_change("supported"),
 ]
 EST_S = {"quick": 8, "full": 25}
 BATCH, ROUNDS = 32, 7

@@ -29,7 +29,7 @@ from attnlab.data.synthetic import IGNORE, recall_batch
 from attnlab.experiments import training
 from attnlab.experiments.training import Job
 from attnlab.models import build_model
-from attnlab.train import lm_loss, lr_at, make_optimizer
+from attnlab.fit import fit, lm_loss
 
 # Model and optimiser fields every family trains with (see the module docstring for why).
 MODEL_RECIPE = dict(tie_embeddings=False, init_std=0.07, n_layers=2)
@@ -37,7 +37,7 @@ TRAIN_RECIPE = dict(beta2=0.999, grad_clip=0.0, min_lr_ratio=1.0, weight_decay=0
 
 # name -> ModelConfig fields. "transformer" is exact softmax attention (sdpa); the others are the
 # recurrent baselines (claim 3) and the remedies for quadratic cost (claim 8).
-FAMILIES = {
+MODEL_FIELDS = {
     "transformer": {},
     "lstm": dict(family="lstm", fused=True),  # torch's fused kernel: the same recurrence, trainable in minutes
     "gru": dict(family="gru", fused=True),
@@ -95,7 +95,7 @@ def n_params(model) -> int:
 
 def model_config(name: str, setup: Setup, dim: int | None = None) -> ModelConfig:
     return ModelConfig(vocab_size=setup.vocab, dim=dim or setup.dim, n_heads=setup.heads, max_seq_len=setup.seq_len,
-                       **MODEL_RECIPE, **FAMILIES[name])
+                       **MODEL_RECIPE, **MODEL_FIELDS[name])
 
 
 def matched_config(name: str, setup: Setup) -> ModelConfig:
@@ -111,23 +111,18 @@ def train(cfg: ModelConfig, setup: Setup, lr: float, seed: int, device: str):
     torch.manual_seed(seed)
     model = build_model(cfg, device)
     tc = TrainConfig(lr=lr, steps=setup.steps, warmup_steps=max(1, setup.steps // 20), **TRAIN_RECIPE)
-    optimizer = make_optimizer(model, tc)
     g = torch.Generator().manual_seed(1000 + seed)  # drawn on the CPU: the same data on every device
-    model.train()
-    for step in range(setup.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, tc)
+
+    def step_loss(step: int) -> torch.Tensor:
         pairs = setup.train_pairs[step % len(setup.train_pairs)]
         # Filler only after the first part: the recall circuit forms on clean pairs (with filler from the start
         # a 2-layer transformer stayed at chance for 800 steps), then learns to look past irrelevant tokens.
         filler = setup.filler if step >= setup.filler_from * setup.steps else (0, 0)
         x, y, _ = recall_batch(setup.batch, setup.seq_len, setup.vocab, pairs, g, filler=filler,
                                n_queries=setup.seq_len - 2 * pairs - setup.filler[1])
-        loss = lm_loss(model(x.to(device))[0], y.to(device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    return model.eval()
+        return lm_loss(model(x.to(device))[0], y.to(device))
+
+    return fit(model, step_loss, tc).eval()
 
 
 @torch.no_grad()

@@ -21,7 +21,7 @@ from attnlab.experiments.training import LONG, Job, run_tasks, workers_for
 from attnlab.models import build_model
 from attnlab.models.grow import grow_width
 from attnlab.runtime import bf16_trains_faster
-from attnlab.train import evaluate, train_in_memory
+from attnlab.fit import evaluate, train_in_memory
 
 GROW_STEPS, GROWN_STEPS, NARROW_LR, GROWN_LR, GROW_NOISE = 400, 30, 2e-3, 3e-4, 0.01
 

@@ -145,16 +145,14 @@ def engine_ops(cfg, batch: int, prompt: int, context: int, dtype: str = "fp32") 
 
     narrow = replace(cfg, dim=8 * cfg.n_heads, head_dim=8, hidden_dim=None,
                      vocab_size=min(cfg.vocab_size, 64), max_seq_len=max(cfg.max_seq_len, prompt + 1, context + 2))
-    from attnlab.models import block_step
-
-    # Counted on the blocks' Python forward: the engine's compiled decode step (models/block_step.py) is one call a
-    # block that this tracer cannot see into. The counts are structural (ops of a layer, of the head, of the
+    # Counted on the blocks' Python forward (compiled=False): the engine's compiled decode step
+    # (engine/fast/block_step.py) is one call a block that this tracer cannot see into. The counts are structural (ops of a layer, of the head, of the
     # step); cost.cpu's per-op cost is calibrated over these same counts from the probe's timings of whatever
     # path the engine takes, so it is the cost per counted op of that path.
     # (inference mode would hide how composite ops (linear) dispatch)
-    with torch.inference_mode(False), block_step.disabled():
+    with torch.inference_mode(False):
         torch.manual_seed(0)
-        model = set_precision(build_model(narrow), dtype, layout=False)
+        model = set_precision(build_model(narrow), dtype, layout=False, compiled=False)
         tokens = lambda T: torch.zeros(batch, T, dtype=torch.long)  # noqa: E731
         prefill = trace(model, tokens(prompt), model.new_state(batch, prompt + 1), last_only=True)
         state = model.new_state(batch, context + 1)

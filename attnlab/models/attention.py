@@ -13,6 +13,7 @@ shorter row's unused slots). Query (b, i) sees key j iff j < kv_len[b] and, if c
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -21,6 +22,7 @@ from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from attnlab import kernels
+from attnlab.kernels import paths
 
 KERNELS: dict[str, Callable] = {}  # filled by register_kernel here and in flash.py / sparse.py
 
@@ -87,10 +89,9 @@ def naive_attention(q, k, v, *, causal: bool, alibi_slopes, scale: float, q_pos=
 def compiled_prefill(q, k, v, scale: float):
     """Causal attention of the last T of S keys' queries (T > 1: a prefill, a chunk of one, a verification) on
     attnlab's compiled kernel (kernels/prefill_attention.cpp): fp32 on a CPU, outside autograd and dispatch-level
-    tracers (measure.trace counts torch's ops), head sizes of 1 to 8 vectors. Measured here on GPT-2 small's 12 heads
-    of 64 against torch's flash kernel, alternating: 3.3 vs 5.3 ms at 512 tokens, 9.5 vs 12.2 at 1024. It writes
-    (B, T, H, D), returned as a (B, H, T, D) view, so merging the heads afterwards is free. None where it does not
-    apply."""
+    tracers (measure.trace counts torch's ops), head sizes of 1 to 8 vectors; faster than torch's flash kernel on
+    the CPU (docs/engine.md). It writes (B, T, H, D), returned as a (B, H, T, D) view, so merging the heads
+    afterwards is free. None where it does not apply."""
     if (q.device.type != "cpu" or not q.dtype == k.dtype == v.dtype == torch.float32 or q.dim() != 4
             or k.dim() != 4 or v.shape != k.shape or q.shape[0] != k.shape[0] or q.shape[-2] > k.shape[-2]
             or not q.shape[-1] or q.shape[-1] != k.shape[-1] or not k.shape[1] or q.shape[1] % k.shape[1]
@@ -98,10 +99,16 @@ def compiled_prefill(q, k, v, scale: float):
             or _current_dispatch_mode() is not None):
         return None
     mod = kernels.native()
-    if mod is None or q.shape[-1] % mod.lanes() or q.shape[-1] // mod.lanes() > 8:
+    if mod is None:
+        paths.fell_back("prefill_attention", "no compiled kernels here")
+        return None
+    if q.shape[-1] % mod.lanes() or q.shape[-1] // mod.lanes() > 8:
+        paths.fell_back("prefill_attention", f"head_dim {q.shape[-1]} is not 1 to 8 vectors of {mod.lanes()}")
         return None
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride(-2) != v.stride(-2):
+        paths.fell_back("prefill_attention", "q, k, v in a layout it does not read")
         return None
+    paths.ran("prefill_attention")
     return mod.prefill_attention(q, k, v, scale).transpose(1, 2)  # (B, T, H, D) -> (B, H, T, D)
 
 
@@ -111,8 +118,8 @@ def sdpa_attention(q, k, v, *, causal: bool, alibi_slopes, scale: float, q_pos=N
     causal fp32 prefill on a CPU outside autograd runs attnlab's compiled kernel instead (compiled_prefill)."""
     T, S = q.shape[-2], k.shape[-2]
     if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and T <= 16:
-        # Decode-sized queries in bf16 run ~3x slower on CPU than upcasting to fp32 first (measured here:
-        # 340 vs 117 us at 12 heads x 512 keys); the result is cast back.
+        # Decode-sized queries in bf16 run several times slower on a CPU than upcast to fp32 first (torch's bf16
+        # attention kernel is not written for a few rows; docs/engine.md); the result is cast back.
         out = sdpa_attention(q.float(), k.float(), v.float(), causal=causal, alibi_slopes=alibi_slopes, scale=scale,
                              q_pos=q_pos, kv_len=kv_len)
         return out.to(q.dtype)
@@ -133,6 +140,24 @@ def sdpa_attention(q, k, v, *, causal: bool, alibi_slopes, scale: float, q_pos=N
             mask = build_mask(T, S, True, None, None, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])
+
+
+@dataclass(frozen=True)
+class Attend:
+    """A layer's attention as a state calls it: ``attend(q, k, v, q_pos=, kv_len=)`` runs the layer's kernel, and
+    the fields say what else the state may do in its place.
+
+    ``ordered``: the kernel needs the keys in position order (ALiBi's bias is a function of distance), so a ring
+    cache must unroll its ring before a decode step. ``decode_scale``: the softmax scale where a cache may answer a
+    decode step (one query per row) with attnlab's fused decode kernel (cache_attention.fused_decode), which
+    computes exactly sdpa without a bias; None for a kernel under study or ALiBi, which always run themselves."""
+
+    fn: Callable
+    ordered: bool = False
+    decode_scale: float | None = None
+
+    def __call__(self, q, k, v, q_pos=None, kv_len=None):
+        return self.fn(q, k, v, q_pos, kv_len)
 
 
 class Attention(nn.Module):
@@ -157,8 +182,8 @@ class Attention(nn.Module):
 
     def mix(self, qkv, positions, pos_enc, state=None):
         """The projected q, k, v (B, T, (H + 2 Hkv) D) -> attention's output (B, T, H*D), before the output
-        projection, in the kernel's dtype. Split from forward for the compiled decode step (block_step.py), which
-        projects in and out itself and leaves the attention, and its cache, to this."""
+        projection, in the kernel's dtype. Split from forward for the engine's compiled decode step
+        (engine/fast/block_step.py), which projects in and out itself and leaves the attention, and its cache, to this."""
         B, T, _ = qkv.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = qkv.split((H * D, Hkv * D, Hkv * D), dim=-1)
@@ -177,12 +202,12 @@ class Attention(nn.Module):
             return self.kernel(q, k, v, causal=self.causal, alibi_slopes=slopes, scale=self.scale, q_pos=q_pos,
                                kv_len=kv_len, **self.kernel_kwargs)
 
-        run.ordered = slopes is not None  # ALiBi's bias needs a ring cache's keys in position order
-        # A cache may answer a decode step (one query per row) with attnlab's fused kernel instead of this one
-        # (cache_attention.fused_decode): only for sdpa, which it computes (no bias, default scale), not for a
-        # kernel under study.
-        run.decode_scale = self.scale if self.kernel is sdpa_attention and slopes is None else None
-        out = run(q, k, v) if state is None else state.attention(self.layer_idx, q, k, v, run)
+        if state is None:
+            out = run(q, k, v)
+        else:
+            attend = Attend(run, ordered=slopes is not None,
+                            decode_scale=self.scale if self.kernel is sdpa_attention and slopes is None else None)
+            out = state.attention(self.layer_idx, q, k, v, attend)
         return out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
 
 

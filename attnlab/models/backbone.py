@@ -10,11 +10,12 @@ reuses these blocks without copying them.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
 from attnlab.config import ModelConfig
-from attnlab.models import block_step
 from attnlab.models.attention import Attention
 from attnlab.models.dropout import Dropout
 from attnlab.models.layers import MLP, build_norm
@@ -52,13 +53,15 @@ class Backbone(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = build_norm(cfg)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, pos_enc, state=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, pos_enc, state=None,
+                run_blocks: Callable | None = None) -> torch.Tensor:
         """x (B, T, dim), positions (T,) or (B, T) -> (B, T, dim). ``state`` is read and extended in place.
-        A decode step (a few rows, no autograd, on a CPU) goes through the compiled block step where a block
-        allows it (block_step.py), else through the block's forward: the same function either way."""
-        compiled = block_step.usable(x, pos_enc, state)
-        rot = block_step.rotation(pos_enc, positions, *x.shape[:2]) if compiled else None
+
+        ``run_blocks(blocks, x, positions, pos_enc, state) -> x``: runs the blocks in place of the loop here, as
+        the engine's compiled decode step does (engine/fast); it computes the same function, and the model does
+        not know how."""
+        if run_blocks is not None:
+            return self.norm(run_blocks(self.blocks, x, positions, pos_enc, state))
         for block in self.blocks:
-            y = block_step.step(block, x, positions, pos_enc, state, rot) if compiled else None
-            x = block(x, positions, pos_enc, state) if y is None else y
+            x = block(x, positions, pos_enc, state)
         return self.norm(x)

@@ -18,6 +18,10 @@ import torch
 
 from attnlab.errors import AttnlabError
 
+# Tokens per KV block, the default of every paged cache (the engine's EngineConfig.block_size, serve's --block-size):
+# small enough that a sequence wastes at most 15 slots, large enough that a block table stays short.
+KV_BLOCK_SIZE = 16
+
 
 class OutOfBlocks(AttnlabError):
     """The pool has no free block left; the caller may wait for sequences to finish, or preempt one."""

@@ -205,8 +205,8 @@ def state_from_hf(kind: str, cfg: ModelConfig, hf: dict[str, torch.Tensor], sour
 
 def load_hf(folder: str | Path, dtype: torch.dtype | None = None, device="cpu"):
     """-> (model in eval mode, ModelConfig, hf config dict, generation config dict)."""
-    from attnlab.checkpoint import load_weights
     from attnlab.models import build_model
+    from attnlab.models.weights import load_weights
 
     folder = Path(folder)
     hf_cfg = json.loads((folder / "config.json").read_text())

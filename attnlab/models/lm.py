@@ -8,6 +8,7 @@ sequences sit at different lengths, one forward advances all of them (see state.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch import nn
@@ -16,7 +17,7 @@ from attnlab.config import ModelConfig
 from attnlab.models.backbone import Backbone
 from attnlab.models.dropout import Dropout
 from attnlab.models.linear import new_linear_state
-from attnlab.models.block_pool import BlockPool
+from attnlab.models.block_pool import KV_BLOCK_SIZE, BlockPool
 from attnlab.models.paged import PagedKVCache
 from attnlab.models.positional import build_positional
 from attnlab.models.ssm import new_ssm_state
@@ -92,12 +93,12 @@ class LanguageModel(nn.Module):
                 nn.init.zeros_(p)
 
     def new_state(self, batch_size: int, max_len: int | None = None, dtype=None, device=None,
-                  paged: bool = False, pool: BlockPool | None = None, block_size: int = 16) -> State:
+                  paged: bool = False, pool: BlockPool | None = None, block_size: int = KV_BLOCK_SIZE) -> State:
         """A state for ``batch_size`` empty sequences: KV cache (contiguous, or ``paged`` from ``pool``), a
         sliding ring, or a fixed-size linear / SSM state."""
         cfg = self.cfg
         ref = self.tok_emb.weight
-        dtype, device = dtype or getattr(self, "cache_dtype", None) or ref.dtype, device or ref.device
+        dtype, device = dtype or ref.dtype, device or ref.device
         if cfg.family == "linear":
             return new_linear_state(cfg, batch_size, dtype, device)
         if cfg.family == "ssm":
@@ -116,17 +117,18 @@ class LanguageModel(nn.Module):
         return KVCache.allocate(cfg.n_layers, batch_size, cfg.n_kv_heads, max_len or cfg.max_seq_len,
                                 cfg.head_dim, dtype=dtype, device=device)
 
-    def new_pool(self, n_blocks: int, block_size: int = 16, dtype=None, device=None) -> BlockPool:
+    def new_pool(self, n_blocks: int, block_size: int = KV_BLOCK_SIZE, dtype=None, device=None) -> BlockPool:
         """A block pool for paged caches (``new_state(..., pool=)``); shared by every sequence it serves."""
         ref = self.tok_emb.weight
         return BlockPool(self.cfg.n_layers, n_blocks, block_size, self.cfg.n_kv_heads, self.cfg.head_dim,
-                         dtype or getattr(self, "cache_dtype", None) or ref.dtype, device or ref.device)
+                         dtype or ref.dtype, device or ref.device)
 
     def forward(self, tokens: torch.Tensor, state: State | None = None, last_only: bool = False,
-                lengths: torch.Tensor | None = None):
+                lengths: torch.Tensor | None = None, run_blocks: Callable | None = None):
         """tokens (B, T) -> logits (B, T, V), or (B, 1, V) at each row's last real token with last_only.
 
-        ``lengths`` (B,): row b's first lengths[b] tokens are real, the rest filler (a ragged batch)."""
+        ``lengths`` (B,): row b's first lengths[b] tokens are real, the rest filler (a ragged batch).
+        ``run_blocks``: see Backbone.forward (the engine's compiled decode step)."""
         B, T = check_tokens(tokens)
         if state is None:
             if lengths is not None:
@@ -136,7 +138,7 @@ class LanguageModel(nn.Module):
             positions = state.begin(tokens, lengths).to(tokens.device)
             lengths = state.lengths
         x = self.dropout(self.pos_enc.embed(self.tok_emb(tokens), positions))  # (B, T, dim)
-        h = self.backbone(x, positions, self.pos_enc, state)
+        h = self.backbone(x, positions, self.pos_enc, state, run_blocks)
         if state is not None:
             state.commit()
         if last_only:

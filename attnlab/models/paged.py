@@ -245,7 +245,7 @@ class PagedKVCache(Rows):
                 self.pool.decref(b)
             self.tables[r] = self.tables[r][:keep]
 
-    def attention(self, layer: int, q, k, v, run):
+    def attention(self, layer: int, q, k, v, attend):
         write_slots, write_src, reads, ends, news = self._plan
         pk, pv = self.pool.k[layer], self.pool.v[layer]
         B, Hkv, T, D = k.shape
@@ -257,7 +257,7 @@ class PagedKVCache(Rows):
         pv[:, write_slots] = new_v.to(pv.dtype)
         bs = self.block_size
         if T == 1:  # a decode step: every row's keys read through its block table, none copied
-            out = fused_decode(q, pk, pv, (0, pk.stride(0), pk.stride(1)), self._ends, run, self._table_tensor(), bs)
+            out = fused_decode(q, pk, pv, (0, pk.stride(0), pk.stride(1)), self._ends, attend, self._table_tensor(), bs)
             if out is not None:
                 return out
 
@@ -270,7 +270,7 @@ class PagedKVCache(Rows):
                 return blocks.view(1, Hkv, -1, D)[:, :, :end]
             return keys
 
-        return per_row_attention(q, rows_of(pk), rows_of(pv), ends, news, run)
+        return per_row_attention(q, rows_of(pk), rows_of(pv), ends, news, attend)
 
     def commit(self) -> None:
         super().commit()

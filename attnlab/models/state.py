@@ -198,24 +198,24 @@ class KVCache(Rows):
                       (need - self.pos).tolist())
         return positions
 
-    def attention(self, layer: int, q, k, v, run):
-        """Store the new k, v (B, Hkv, T, D); return run(q, keys, values, q_pos=, kv_len=)."""
+    def attention(self, layer: int, q, k, v, attend):
+        """Store the new k, v (B, Hkv, T, D); return attend(q, keys, values, q_pos=, kv_len=) (attention.Attend)."""
         T = k.shape[2]
         K, V = self.k[layer], self.v[layer]
         if self._plan is None:
             start = self._start
             K[:, :, start:start + T] = k
             V[:, :, start:start + T] = v
-            out = fused_decode(q, K, V, K.stride()[:3], self._ends, run) if T == 1 else None
-            return run(q, K[:, :, :start + T], V[:, :, :start + T]) if out is None else out
+            out = fused_decode(q, K, V, K.stride()[:3], self._ends, attend) if T == 1 else None
+            return attend(q, K[:, :, :start + T], V[:, :, :start + T]) if out is None else out
         rows, slots, valid, ends, news = self._plan
         B, Hkv, _, D = k.shape
         flat_k = k.transpose(1, 2).reshape(B * T, Hkv, D)[valid]  # (N real tokens, Hkv, D)
         flat_v = v.transpose(1, 2).reshape(B * T, Hkv, D)[valid]
         K[rows, :, slots] = flat_k.to(K.dtype)  # index_put does not convert (the compiled step's k is fp32)
         V[rows, :, slots] = flat_v.to(V.dtype)
-        out = fused_decode(q, K, V, K.stride()[:3], self._ends, run) if T == 1 else None
-        return per_row_attention(q, K, V, ends, news, run) if out is None else out
+        out = fused_decode(q, K, V, K.stride()[:3], self._ends, attend) if T == 1 else None
+        return per_row_attention(q, K, V, ends, news, attend) if out is None else out
 
     def decode_slots(self, layer: int) -> tuple | None:
         """Where a forward whose T tokens are all real (a decode step, a speculative verification) writes and
@@ -300,10 +300,10 @@ class RollingKVCache(KVCache):
         idx = torch.arange(p - held, p, device=ring.device) % self.window
         return ring[row:row + 1].index_select(2, idx)  # (1, Hkv, held, D) in position order
 
-    def attention(self, layer: int, q, k, v, run):
+    def attention(self, layer: int, q, k, v, attend):
         T, W, B = k.shape[2], self.window, k.shape[0]
         ring_k, ring_v = self.k[layer], self.v[layer]
-        if T == 1 and not getattr(run, "ordered", False):
+        if T == 1 and not attend.ordered:
             rows = torch.arange(B, device=k.device)
             slot = (self.pos % W).to(k.device)
             ring_k[rows, :, slot] = k[:, :, 0]
@@ -311,7 +311,7 @@ class RollingKVCache(KVCache):
             held = (self.pos + 1).clamp(max=W)
             S = int(held.max())
             # The whole ring is in the window: query position held-1 sees every held slot.
-            return run(q, ring_k[:, :, :S], ring_v[:, :, :S], q_pos=(held - 1)[:, None].to(k.device),
+            return attend(q, ring_k[:, :, :S], ring_v[:, :, :S], q_pos=(held - 1)[:, None].to(k.device),
                        kv_len=held.to(k.device))
         out = torch.zeros_like(q)
         for b in range(B):  # a chunk per row: the ring unrolled in order, then the row's real new keys
@@ -319,7 +319,7 @@ class RollingKVCache(KVCache):
             prev_k, prev_v = self._ordered(ring_k, b), self._ordered(ring_v, b)
             keys = torch.cat([prev_k, k[b:b + 1, :, :n]], dim=2)
             vals = torch.cat([prev_v, v[b:b + 1, :, :n]], dim=2)
-            out[b:b + 1, :, :n] = run(q[b:b + 1, :, :n], keys, vals)
+            out[b:b + 1, :, :n] = attend(q[b:b + 1, :, :n], keys, vals)
             keep = min(n, W)  # the newest positions go into their slots
             p = int(self.pos[b])
             slots = torch.arange(p + n - keep, p + n, device=k.device) % W

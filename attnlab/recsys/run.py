@@ -13,7 +13,7 @@ from attnlab.errors import DataError
 from attnlab.recsys.metrics import K, N_NEGATIVES, PROTOCOLS, ndcg, summarize
 from attnlab.recsys.models import MODELS, NEURAL, build
 from attnlab.recsys.split import Split, leave_one_out
-from attnlab.recsys.synthetic import SyntheticConfig, generate, preset
+from attnlab.recsys.synthetic import SyntheticConfig, generate, scenario
 from attnlab.recsys.train import FitConfig, evaluate, fit
 
 # Neural hyperparameters (SASRec paper / RecBole defaults for ML-100K: hidden 64, 2 layers, 2 heads).
@@ -36,7 +36,7 @@ def load_data(spec: str, wheel: Path | None = None, synthetic: SyntheticConfig |
     if spec == "synthetic":
         return generate(synthetic or SyntheticConfig())
     if spec.startswith("synthetic:"):
-        return generate(preset(spec.split(":", 1)[1]))
+        return generate(scenario(spec.split(":", 1)[1]))
     return load_file(spec)
 
 

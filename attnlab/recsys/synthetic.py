@@ -52,14 +52,14 @@ class SyntheticConfig:
 
 
 # Named mixes (``--data synthetic:NAME``): the default; one dominated by long-range tastes; one by habits.
-PRESETS = {"default": {}, "long-range": {"habit": 0.05, "long_range": 0.9},
-           "habits": {"habit": 0.6, "long_range": 0.3}}
+SCENARIOS = {"default": {}, "long-range": {"habit": 0.05, "long_range": 0.9},
+             "habits": {"habit": 0.6, "long_range": 0.3}}
 
 
-def preset(name: str) -> SyntheticConfig:
-    if name not in PRESETS:
-        raise DataError(f"synthetic:{name} is not known; choose one of: {', '.join(PRESETS)}")
-    return SyntheticConfig(**PRESETS[name])
+def scenario(name: str) -> SyntheticConfig:
+    if name not in SCENARIOS:
+        raise DataError(f"synthetic:{name} is not known; choose one of: {', '.join(SCENARIOS)}")
+    return SyntheticConfig(**SCENARIOS[name])
 
 
 def _zipf(n: int, s: float) -> np.ndarray:

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from attnlab.fit import fit as run_steps
 from attnlab.recsys.metrics import K, protocol_ranks, sample_negatives, summarize
 from attnlab.recsys.split import EvalSet, Split, epoch_windows
 
@@ -31,41 +32,30 @@ NEGATIVES_SEED = 2024  # one fixed draw of sampled negatives, identical for ever
 
 @dataclass
 class FitConfig:
+    """How a neural recommender trains. Each default was chosen on ML-100K validation NDCG@10 with seeds the report
+    never uses (10 and 11); docs/recommendation.md keeps the tuning record behind each."""
     loss: str = "ce"
-    lr: float = 2e-3  # with shift_windows and ema; 1e-3 before them (see the tuning record under ``ema``)
+    lr: float = 2e-3  # the best rate once windows shift and weights are averaged (without them, 1e-3)
     weight_decay: float = 0.0
-    batch_size: int = 32  # training windows per step; 32 beat 64 and 128 on ML-100K validation NDCG@10 (more steps)
+    batch_size: int = 32  # training windows per step: more steps per epoch beat larger batches here
     max_epochs: int = 200
-    # Early stopping, in epochs. 20, not 10: at a constant learning rate validation NDCG@10 is noisy (about +-0.004 per
-    # epoch), and with 10 seed 10 (patience off, constant 1e-3) would have stopped at epoch 22 on a spike at epoch 12
-    # (0.0672) before its best, 0.0716 at epoch 27; with 20 both tuning seeds (10, 11) reach their 30-epoch best.
+    # Early stopping, in epochs. 20, not 10: validation NDCG@10 is noisy from epoch to epoch at a constant learning
+    # rate, and 10 stopped a tuning run on an early spike, before its best epoch.
     patience: int = 20
     max_train_s: float | None = None  # stop once this much training time is spent (None: no cap)
     seed: int = 0
-    # Learning rate after warm-up: constant, or cosine / linear decay to 0 at max_epochs. Constant 1e-3 kept: on
-    # ML-100K validation NDCG@10 (seeds 10, 11; mean of the last 3 epochs / best epoch) it gave 0.0650 / 0.0704 at
-    # 20 epochs and 0.0680 / 0.0726 at 30, against cosine 1e-3 over 30 epochs 0.0631 / 0.0652, cosine 2e-3 0.0615 /
-    # 0.0662, cosine 3e-3 0.0624 / 0.0654 (0.0615 / 0.0627 with dropout 0.5), constant 2e-3 + warm-up 0.0652 / 0.0684
-    # (20 epochs each): decaying the rate lets the model overfit the small training set.
+    # Learning rate after warm-up: constant, or cosine / linear decay to 0 at max_epochs. Constant: decaying the rate
+    # let the model overfit the small training set (lower validation NDCG@10 at every rate tried).
     schedule: str = "constant"
     warmup_epochs: float = 0.0  # linear warm-up from 0 over this many epochs (counted in steps)
-    beta1: float = 0.9  # AdamW's betas; beta2 0.98 (the SASRec paper's) scored 0.0629 / 0.0658 against 0.0650 /
-    beta2: float = 0.999  # 0.0704 for 0.999 at 20 epochs, constant 1e-3 (same figures as above)
+    beta1: float = 0.9  # AdamW's betas; 0.999 scored above the SASRec paper's 0.98
+    beta2: float = 0.999
     shift_windows: bool = True  # new window cuts each epoch (split.epoch_windows) instead of the fixed ones
-    # > 0: evaluate and keep an exponential moving average of the weights, this decay per optimizer step.
-    # Tuning record (2026-12-01; ML-100K SASRec, seeds 10 and 11, 120 s of training each, batch 32; validation
-    # NDCG@10 at the best epoch / mean of the last 3 epochs, averaged over the two seeds): fixed windows, no
-    # average, 1e-3 0.0731 / 0.0673; shifted windows 0.0793 / 0.0725; average 0.99 0.0728 / 0.0680; both 0.0773 /
-    # 0.0746; both at 2e-3 0.0806 / 0.0768 (kept); both at 2e-3 batch 64 0.0775 / 0.0769; both, average 0.995,
-    # 1e-3 0.0773 / 0.0748; at 2e-3 with dropout 0.3 0.0784 / 0.0767, with weight decay 0.05 0.0787 / 0.0774 (within
-    # the seeds' noise of the kept setting: not taken). The reported seeds (0, 1, 2) were not used. (Correction,
-    # 2026-12-01: the tuning script gave a model setting such as dropout 0.3 to the first seed only, so that row is
-    # seed 10 at dropout 0.3 with seed 11 at 0.2.)
+    # > 0: evaluate and keep an exponential moving average of the weights, this decay per optimizer step (with
+    # shifted windows, the best of the settings tried).
     ema: float = 0.99
-    # "ce" only: the share of each target's probability spread evenly over every item. 0.1 since 2026-12-01 (same
-    # seeds, budget and figures as above; two sessions of the machine, 4 runs per setting, pooled): 0 gave 0.0771 /
-    # 0.0741, 0.1 gave 0.0785 / 0.0770, ahead in 3 of the 4 paired runs on each figure. Scaling the item embeddings
-    # by sqrt(dim) (the SASRec paper's code) scored 0.0648 / 0.0633 on seed 10 against 0.0765 / 0.0745: not taken.
+    # "ce" only: the share of each target's probability spread evenly over every item (ahead of 0 in most paired
+    # tuning runs).
     label_smoothing: float = 0.1
 
     def __post_init__(self):
@@ -143,7 +133,8 @@ def _loss(model, windows: torch.Tensor, cfg: FitConfig, n_items: int, gen: torch
 
 
 def fit(model, split: Split, cfg: FitConfig, progress: bool = False, desc: str = "train") -> dict:
-    """Train ``model`` on ``split`` in place; returns the history and timings (training time excludes evaluation)."""
+    """Train ``model`` on ``split`` in place (the one training loop, attnlab.fit.fit, with this file's loss and
+    epochs); returns the history and timings (training time excludes evaluation)."""
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     dev = model_device(model)  # batches are cut on the CPU and sent there
@@ -153,57 +144,91 @@ def fit(model, split: Split, cfg: FitConfig, progress: bool = False, desc: str =
     if cfg.shift_windows:  # shifted cuts make more windows than the fixed ones (one more per shifted history)
         windows, skip = epoch_windows(split.train_sequences, split.max_len, gen)
     # The schedule's epoch length: the first epoch's step count (shifted cuts vary by a few windows per epoch).
-    steps_per_epoch, step = math.ceil(windows.shape[0] / cfg.batch_size), 0
+    steps_per_epoch = math.ceil(windows.shape[0] / cfg.batch_size)
     averaged = copy.deepcopy(model) if cfg.ema else model  # what is evaluated and kept
-    n_targets = split.n_train_targets
-    history, best, best_state, since_best, train_s = [], -1.0, None, 0, 0.0
+    epochs = _Epochs(split, cfg, gen, windows, skip)
+    history, best = [], {"ndcg": -1.0, "state": None, "since": 0}
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=cfg.max_epochs, desc=desc, unit="epoch", leave=False)
-    model.train()
-    for epoch in range(1, cfg.max_epochs + 1):
-        t0 = time.perf_counter()
-        if cfg.shift_windows and epoch > 1:
-            windows, skip = epoch_windows(split.train_sequences, split.max_len, gen)
-        order = torch.randperm(windows.shape[0], generator=gen)
-        total, steps = 0.0, 0
-        for i in range(0, len(order), cfg.batch_size):
-            for group in opt.param_groups:
-                group["lr"] = cfg.lr * lr_factor(step, steps_per_epoch, cfg)
-            step += 1
-            rows = order[i:i + cfg.batch_size]
-            loss = _loss(model, windows[rows].to(dev), cfg, split.n_items, gen,
-                         None if skip is None else skip[rows].to(dev))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if cfg.ema:
-                with torch.no_grad():
-                    torch._foreach_lerp_(list(averaged.parameters()), list(model.parameters()), 1 - cfg.ema)
-            total, steps = total + loss.item(), steps + 1
-        epoch_s = time.perf_counter() - t0
-        train_s += epoch_s
+
+    def step_loss(step: int) -> torch.Tensor:
+        rows, rows_skip = epochs.next_batch()
+        return _loss(model, rows.to(dev), cfg, split.n_items, gen, None if rows_skip is None else rows_skip.to(dev))
+
+    def after_step(d) -> bool:
+        """The moving average, then at an epoch's end its validation score, the best weights, and the stop."""
+        if cfg.ema:
+            with torch.no_grad():
+                torch._foreach_lerp_(list(averaged.parameters()), list(model.parameters()), 1 - cfg.ema)
+        epochs.add_loss(d.loss.item())
+        if not epochs.ended():
+            return False
+        epoch, loss, epoch_s = epochs.close()
         t1 = time.perf_counter()
         val = summarize({"full": evaluate(averaged, split.valid, split.n_items)["full"]})["full"][f"ndcg@{K}"]
         test = summarize({"full": evaluate(averaged, split.test, split.n_items)["full"]})["full"][f"ndcg@{K}"]
-        history.append({"epoch": epoch, "loss": total / max(1, steps), "epoch_s": epoch_s, "train_s": train_s,
+        history.append({"epoch": epoch, "loss": loss, "epoch_s": epoch_s, "train_s": epochs.train_s,
                         "eval_s": time.perf_counter() - t1, "val_ndcg": val, "test_ndcg": test})
-        if val > best:
-            best, best_state, since_best = val, copy.deepcopy(averaged.state_dict()), 0
+        if val > best["ndcg"]:
+            best.update(ndcg=val, state=copy.deepcopy(averaged.state_dict()), since=0)
         else:
-            since_best += 1
+            best["since"] += 1
         if bar is not None:
-            bar.set_postfix(loss=f"{total / max(1, steps):.3f}", val_ndcg=f"{val:.4f}", best=f"{best:.4f}")
+            bar.set_postfix(loss=f"{loss:.3f}", val_ndcg=f"{val:.4f}", best=f"{best['ndcg']:.4f}")
             bar.update(1)
-        if since_best >= cfg.patience or (cfg.max_train_s is not None and train_s >= cfg.max_train_s):
-            break
+        return (epoch == cfg.max_epochs or best["since"] >= cfg.patience
+                or (cfg.max_train_s is not None and epochs.train_s >= cfg.max_train_s))
+
+    run_steps(model, step_loss, optimizer=opt, lr=lambda step: cfg.lr * lr_factor(step, steps_per_epoch, cfg),
+              after_step=after_step)
     if bar is not None:
         bar.close()
-    model.load_state_dict(best_state)
+    model.load_state_dict(best["state"])
     model.eval()
     best_epoch = max(history, key=lambda h: (h["val_ndcg"], -h["epoch"]))["epoch"]
     epoch_times = sorted(h["epoch_s"] for h in history)
+    n_targets, train_s = split.n_train_targets, epochs.train_s
     return {"history": history, "best_epoch": best_epoch, "epochs": len(history), "train_s": train_s,
             "epoch_s_median": epoch_times[len(epoch_times) // 2], "train_targets_per_epoch": n_targets,
             "targets_per_s": n_targets * len(history) / train_s if train_s else None, "config": cfg.to_dict()}
+
+
+class _Epochs:
+    """The batches of each epoch in a fresh random order (with ``shift_windows``, from histories cut anew after the
+    first epoch), and each epoch's mean loss and training time (evaluation left out)."""
+
+    def __init__(self, split: Split, cfg: FitConfig, gen: torch.Generator, windows, skip):
+        self.split, self.cfg, self.gen = split, cfg, gen
+        self.windows, self.skip = windows, skip
+        self.epoch, self.order, self.at = 0, None, 0
+        self.total, self.steps, self.t0, self.train_s = 0.0, 0, 0.0, 0.0
+
+    def next_batch(self):
+        """(windows (B, T+1), leading targets to skip (B,) or None) of the next step."""
+        if self.order is None:  # a new epoch: drawn now, after the last one was scored, as the generator expects
+            self.epoch += 1
+            self.t0 = time.perf_counter()
+            if self.cfg.shift_windows and self.epoch > 1:
+                self.windows, self.skip = epoch_windows(self.split.train_sequences, self.split.max_len, self.gen)
+            self.order, self.at = torch.randperm(self.windows.shape[0], generator=self.gen), 0
+        rows = self.order[self.at:self.at + self.cfg.batch_size]
+        self.at += self.cfg.batch_size
+        return self.windows[rows], None if self.skip is None else self.skip[rows]
+
+    def add_loss(self, loss: float) -> None:
+        """Count one step's loss towards the epoch's mean."""
+        self.total, self.steps = self.total + loss, self.steps + 1
+
+    def ended(self) -> bool:
+        """Whether the last batch drawn was the epoch's last."""
+        return self.at >= len(self.order)
+
+    def close(self) -> tuple[int, float, float]:
+        """(epoch, its mean loss, its training seconds), and the next batch starts a new epoch."""
+        epoch_s = time.perf_counter() - self.t0
+        self.train_s += epoch_s
+        out = (self.epoch, self.total / max(1, self.steps), epoch_s)
+        self.order, self.total, self.steps = None, 0.0, 0
+        return out

@@ -15,6 +15,7 @@ def run_report(scale: str = "quick", only: list[int] | None = None, device: str 
     """Run the chosen claims' experiments on ``device``; each claim's entry records the device it ran on."""
     from attnlab.experiments import registry
     from attnlab.experiments.base import label
+    from attnlab.kernels import paths
     from attnlab.runtime import machine_context, resolve_device, set_threads
     from attnlab.timing import host_speed
 
@@ -33,12 +34,13 @@ def run_report(scale: str = "quick", only: list[int] | None = None, device: str 
     for exp in chosen:
         if progress:
             progress(exp, None)
-        t = time.perf_counter()
+        t, before = time.perf_counter(), paths.snapshot()
         outcome = exp.run(scale, device)
         entry = {"id": exp.id, "slug": exp.slug, "title": exp.title, "claim": exp.claim, "prediction": exp.prediction,
                  "threshold": exp.threshold, "regime_statement": exp.regime, "changes": exp.changes,
                  "source": exp.source,
                  "elapsed_s": time.perf_counter() - t,
+                 "kernel_paths": paths.since(before),  # which compiled paths and fallbacks this claim's code took
                  **outcome.to_dict()}
         entry["device"] = outcome.device or device  # an experiment that ran elsewhere (e.g. "meta") says so
         entry["label"] = label(outcome.verdict, outcome.qualifier)

@@ -42,9 +42,9 @@ def add_explain_tab(app: FastAPI, served: C.Served, cfg: ServeConfig) -> None:
         with lock:
             if "ex" not in held:
                 from attnlab.explain.views import Explained
-                from attnlab.loading import load_any
+                from attnlab.resolve import load_model
 
-                loaded = load_any(served.path)
+                loaded = load_model(served.path)
                 held["ex"] = Explained(loaded.model.eval(), loaded.tokenizer, served.name)
             return held["ex"]
 
@@ -63,7 +63,7 @@ def add_explain_tab(app: FastAPI, served: C.Served, cfg: ServeConfig) -> None:
 
 def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None) -> FastAPI:
     if worker is None:
-        engine = Engine(served.model, cfg.engine_config(getattr(served.model, "cache_dtype", None)), served.tokenizer)
+        engine = Engine(served.model, cfg.engine_config(served.model.cache_dtype), served.tokenizer)
         worker = Worker(engine, max_queue=cfg.max_queue)
     metrics = Metrics(worker)
     app = FastAPI(title="attnlab", docs_url=None, redoc_url=None, openapi_url=None)

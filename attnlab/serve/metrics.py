@@ -8,6 +8,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
+from attnlab.kernels import paths
+
 disable_created_metrics()  # the *_created series only double the scrape's size
 
 # Buckets: TTFT spans a cached one-token prefill (~ms) to a long prompt on a CPU (seconds); TPOT a small model's
@@ -64,3 +66,9 @@ class _EngineCounters:
                 ("attnlab_engine_sequence_errors", "sequences ended alone by a fault of their own (non-finite "
                  "logits, sampling)", t.sequence_errors)):
             yield CounterMetricFamily(name, doc, value=value)
+        kernel_paths = CounterMetricFamily(
+            "attnlab_kernel_path_calls", "calls of each compiled path and of each fallback, with its reason "
+            "(kernels.paths; process-wide)", labels=["path"])
+        for path, n in paths.snapshot().items():
+            kernel_paths.add_metric([path], n)
+        yield kernel_paths

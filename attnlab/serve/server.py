@@ -25,9 +25,9 @@ log = logging.getLogger("attnlab.serve")
 def load_served(path: str, dtype: str = "fp32", name: str | None = None, max_batch: int = 1) -> Served:
     """The folder's model, its weights laid out for decode batches of 1 to max_batch rows (capped at 16)."""
     from attnlab.engine.quantize import set_precision
-    from attnlab.loading import load_any
+    from attnlab.resolve import load_model
 
-    loaded = load_any(path)
+    loaded = load_model(path)
     rows = min(max_batch, 16)
     model = set_precision(loaded.model, dtype, rows=rows, varying=rows > 1)
     return Served(model=model, tokenizer=loaded.tokenizer, stop_tokens=loaded.stop_tokens,
