@@ -99,8 +99,8 @@ def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None, between=
                       repeats=7, inner=20)
         prefill, decode = [], []
         for W in CALIBRATION["widths"]:
-            # Two sets in turn, per set: a prefill's next layer has its own weights. One set timed alone reads its
-            # weights hot and ran 7% faster than twelve distinct ones (W 768, 64 rows, fp32: 110 vs 102 GFLOP/s).
+            # Two sets in turn, per set: a prefill's next layer has its own weights, and one set timed alone would
+            # read its weights hot (faster than distinct ones: docs/cost.md).
             two = sets(W, dtype, 1, PREFILL_SETS)
             for M in CALIBRATION["prefill_rows"]:
                 if 24 * M * W * W > PREFILL_FLOP_CAP:
@@ -383,7 +383,7 @@ def composition(dtypes: tuple[str, ...], micro_so_far: dict) -> dict:
                 runs.append(run_fresh("attnlab.measure.engine_timing", "time_model_json",
                                       [asdict(cfg), dtype, B, T, new, c["repeats"]], env={},
                                       what=f"timing the {dim}-wide composition model in {dtype}"))
-            # the faster process's figures: one in a few ran ~1.6x slower throughout (its layouts, chosen by
+            # the faster process's figures: now and then one runs slower throughout (its layouts, chosen by
             # measurement as it started, or a neighbour), which would scale every prediction of its calibration
             t = {clock: {k: min(r[clock][k] for r in runs) for k in ("ttft", "decode")} for clock in ("wall", "cpu")}
             ops = op_counts(cfg, B, T, T + new // 2, dtype)

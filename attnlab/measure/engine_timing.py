@@ -63,7 +63,7 @@ def stamped_generate(model, prompts: list[list[int]], new_tokens: int) -> dict:
     done), with both clocks read before the engine exists, when every sequence has its first token, and at the end:
     {clock: (ttft, decode)}, decode = the rest of the call over the tokens it added per sequence. The prefill runs
     as a step of its own (``step(decode=False)``): generate()'s first step also takes every sequence's second
-    token, which a TTFT read after it would include (26 ms of a GPT-2-shaped 64-token prefill's ~140 ms)."""
+    token, which a TTFT read after it would include (a decode step is a large share of a short prefill)."""
     from attnlab.engine.engine import Engine, EngineConfig
     from attnlab.engine.request import Request
 

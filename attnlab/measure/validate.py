@@ -220,9 +220,9 @@ PROCESSES = 2  # fresh processes per case, as the calibration's whole models (ca
 
 def _measure_in_child(case: Case, repeats: int, threads: int) -> dict:
     """The case timed in PROCESSES fresh processes (no warm caches, its own allocator, glibc's defaults as a user's
-    run has); each figure is the faster process's, as the calibration's whole models are timed: one process in a
-    few runs ~1.4-1.6x slower throughout (a kernel choice made by measurement as it starts, or a neighbour), which
-    is not the engine's pace. The pulse is the processes' mean; each process's figures are kept under "processes"."""
+    run has); each figure is the faster process's, as the calibration's whole models are timed: now and then one
+    process runs slower throughout (a kernel choice made by measurement as it starts, or a neighbour), which is not
+    the engine's pace (docs/cost.md has the figures). The pulse is the processes' mean; each process's figures are kept under "processes"."""
     from attnlab.timing import run_fresh
 
     runs = [run_fresh("attnlab.measure.validate", "measure_case", [asdict(case), repeats], threads, env={},

@@ -1,9 +1,9 @@
 """Dropout with a cheaper mask on the CPU.
 
-torch's CPU dropout draws one random number per element (``bernoulli_``): 1.6 ms for a 32 x 50 x 64 activation
-on this machine's 2 cores, and SASRec's five dropouts took 17% of its training step (8 of 47 ms). Here one 64-bit
-random word gives the keep-or-drop decision of four elements (each 16 bits compared with a threshold): 0.4 ms
-for the same tensor, the same inverted scaling (kept elements times 1 / (1 - p)). The drop probability is p
+torch's CPU dropout draws one random number per element (``bernoulli_``), enough to be a large share of a small
+model's training step (SASRec's; docs/recommendation.md). Here one 64-bit random word gives the keep-or-drop
+decision of four elements (each 16 bits compared with a threshold), with the same inverted scaling (kept elements
+times 1 / (1 - p)). The drop probability is p
 rounded to a multiple of 2^-16 (off by at most 7.6e-6). Other devices use torch's own kernel.
 """
 from __future__ import annotations

@@ -48,10 +48,9 @@ class MLP(nn.Module):
 
 def gelu_tanh_(h: torch.Tensor) -> torch.Tensor:
     """GELU, tanh approximation, which may overwrite ``h`` (pass a fresh tensor: here a Linear's output). A large
-    fp32 activation outside autograd on a CPU goes through attnlab's compiled GELU, in place: torch's took 25 ms of
-    a 425 ms GPT-2 small prefill of 512 tokens here, 1.3 ns an element; the compiled one is vectorised (the same
-    formula, tanh via exp, absolute error ~1e-7). Under a dispatch-level tracer (measure.trace), torch's, which the
-    tracer sees."""
+    fp32 activation outside autograd on a CPU goes through attnlab's compiled GELU, in place: torch's CPU GELU is a
+    visible share of a prefill, the compiled one is vectorised (the same formula, tanh via exp, absolute error
+    ~1e-7; docs/engine.md). Under a dispatch-level tracer (measure.trace), torch's, which the tracer sees."""
     if (h.dtype == torch.float32 and h.device.type == "cpu" and h.numel() >= _GELU_MIN and h.is_contiguous()
             and not (torch.is_grad_enabled() and h.requires_grad) and _current_dispatch_mode() is None):
         mod = kernels.native()
