@@ -83,9 +83,6 @@ def test_every_claim_states_its_regime():
     assert not missing, f"claims without a REGIME (where the claim applies, stated before measuring): {missing}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "reports/cpu-full (679adec) predates the cost model's depth-aware composition (claim 11 predicts with cost.cpu); "
-    "it is regenerated at issue 29's final commit (strict: once it is current, this marker must go)"))
 def test_reference_report_matches_the_code_its_claims_run():
     results = json.loads(REFERENCE.read_text())
     assert reference_status(results["context"])["usable"], "the reference report was written from a dirty tree"
