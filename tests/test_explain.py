@@ -106,6 +106,10 @@ def test_budget_grid_and_attention_views():
                                atol=1e-5, rtol=1e-4)
     b = views.budget(ex, PROMPT)
     assert [p["tokens"] for p in b["by_prefix"]] == sorted(p["tokens"] for p in b["by_prefix"])
+    rows = b["rows"]  # every row of the prompt: the first sees one key (entropy 0, all its weight on it)
+    assert len(rows["entropy_bits"]) == 2 and len(rows["entropy_bits"][0]) == T
+    assert rows["entropy_bits"][0][0] == pytest.approx(0, abs=1e-5) and rows["max_weight"][1][0] == pytest.approx(1)
+    assert all(e <= u + 1e-6 for e, u in zip(rows["entropy_bits"][1], rows["uniform_bits"]))  # at most log2(i + 1)
     own = [p["weight_on_prompt"][0] for p in b["by_filler"]]
     assert own[0] == pytest.approx(1.0) and own[-1] < own[0]  # inserted text takes some of the budget
     g = views.grid(ex, (16, 32, 64), predict=lambda n: n * 1e-6)
@@ -119,6 +123,47 @@ def test_budget_grid_and_attention_views():
         views.attention(ex, "x" * 300)
     with pytest.raises(Exception, match="recurrence view needs"):
         views.recurrence(ex, PROMPT)
+
+
+def test_the_attention_view_sends_the_kernels_own_mask():
+    """The heatmap hatches what the kernel hides: the causal triangle for sdpa, and for the sliding window also the
+    keys more than a window back (the page draws ``visible``; every hidden cell has weight 0)."""
+    for kernel, extra in (("sdpa", {}), ("sliding", {"window": 5}), ("block_sparse", {"block_size": 4})):
+        a = views.attention(_byte_explained(_model(pos="rope", kernel=kernel, **extra)), PROMPT)
+        seen, w = torch.tensor(a["visible"], dtype=torch.bool), torch.tensor(a["weights"])
+        T = len(a["tokens"])
+        assert seen.shape == (T, T) and not seen.triu(1).any() and seen.diagonal().all()
+        assert (w[~seen] == 0).all()
+        if kernel == "sliding":
+            i, j = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
+            assert torch.equal(seen, (j <= i) & (j > i - 5))
+        if kernel == "sdpa":
+            assert torch.equal(seen, torch.ones(T, T, dtype=torch.bool).tril())
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+def test_views_on_a_hugging_face_folder(tmp_path, layout):
+    """A Hugging Face GPT-2 or Llama folder (weights, config.json, tokenizer.json), opened as `attnlab explain`
+    opens it: the attention view's weights are the loaded model's, and the decode view streams its rows."""
+    from attnlab.data.tokenizers import BPETokenizer
+    from attnlab.models.hf import save_hf
+    from attnlab.resolve import load_model
+
+    tok = BPETokenizer.train([PROMPT * 4, "def f(x):\n    return x + 1\n"], vocab_size=300)
+    shape = (dict(pos="learned", mlp="gelu", norm="layernorm", bias=True) if layout == "gpt2" else
+             dict(pos="rope", mlp="swiglu", norm="rmsnorm", n_kv_heads=2))
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=tok.vocab_size, dim=32, n_layers=2, n_heads=4, max_seq_len=128,
+                                    **shape)).eval()
+    save_hf(model, tmp_path / layout, architecture=layout, tokenizer=tok)
+    loaded = load_model(tmp_path / layout)
+    assert loaded.kind == "hf" and loaded.tokenizer is not None
+    ex = views.Explained(loaded.model, loaded.tokenizer, layout)
+    a = views.attention(ex, PROMPT, layer=1, head=1)
+    want = capture.prompt_weights(model, tok.encode(PROMPT))[1, 1]
+    torch.testing.assert_close(torch.tensor(a["weights"]), want, atol=1e-5, rtol=1e-4)
+    steps = list(views.decode_steps(ex, PROMPT, new_tokens=3))
+    assert [s["phase"] for s in steps] == ["prefill", "decode", "decode", "decode"]
 
 
 def test_recurrence_view_on_an_lstm():
@@ -136,11 +181,18 @@ def test_recurrence_view_on_an_lstm():
 # --- the real server and the page -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
+    """A small model trained briefly on the embedded corpus (its heads have begun to specialise, so the pictures
+    and the screenshots show a learned pattern, not an untrained model's uniform rows)."""
     from attnlab.checkpoint import save_checkpoint
+    from attnlab.config import TrainConfig
+    from attnlab.data.tasks import make_task
+    from attnlab.fit import train_in_memory
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(dim=48, n_layers=2, n_heads=4, max_seq_len=160))
-    out = tmp_path_factory.mktemp("explain") / "tiny-rope"
+    task = make_task(TrainConfig(seq_len=64, batch_size=16))
+    train_in_memory(model, task.batch, TrainConfig(steps=200, lr=3e-3, warmup_steps=10))
+    out = tmp_path_factory.mktemp("explain") / "demo-48x2"
     save_checkpoint(out, model, RunConfig(model=model.cfg))
     return out
 
@@ -234,6 +286,7 @@ def test_page_shows_the_models_own_weights_decode_rows_and_order(page, server, f
     want = capture.prompt_weights(loaded.model.eval(), loaded.tokenizer.encode(prompt))
     assert got["tokens"] == [chr(b) for b in prompt.encode()]
     torch.testing.assert_close(torch.tensor(got["weights"]), want[got["layer"], got["head"]], atol=1e-5, rtol=1e-4)
+    assert page.js("getComputedStyle(document.querySelector('#pages')).display") == "none"  # no server page here
     page.js("document.querySelector('#tokens button:nth-child(4)').focus()")  # keyboard focus on a token
     assert "attends most to" in page.text("#focus-text")
     assert page.js("document.querySelectorAll('#attention-table tbody tr').length") == len(prompt)
@@ -243,6 +296,8 @@ def test_page_shows_the_models_own_weights_decode_rows_and_order(page, server, f
     page.click("#budget-run")
     page.wait("window.explain.budget && !document.querySelector('#budget-run').disabled", "the budget view", timeout_s=120)
     assert page.js("document.querySelectorAll('#budget-chart polyline').length") >= 2
+    assert page.js("document.querySelectorAll('#rows-table tbody tr').length") == len(prompt)
+    _screenshot(page, tmp_path_factory, "explain_desktop_budget.png")
     page.click("#tab-grid")
     page.click("#grid-run")
     page.wait("window.explain.grid && !document.querySelector('#grid-run').disabled", "the grid view", timeout_s=120)
@@ -250,6 +305,7 @@ def test_page_shows_the_models_own_weights_decode_rows_and_order(page, server, f
     # started with --no-calibrate: measurements only, and the page says why the prediction is missing
     assert all(r["predicted_s"] is None for r in page.js("window.explain.grid.rows"))
     assert "once this machine is measured" in page.text("#grid-note")
+    _screenshot(page, tmp_path_factory, "explain_desktop_grid.png")
 
     page.click("#tab-decode")
     page.type("#new-tokens", "5")
@@ -258,6 +314,10 @@ def test_page_shows_the_models_own_weights_decode_rows_and_order(page, server, f
               "!document.querySelector('#decode-run').disabled", "five decode rows", timeout_s=120)
     d = page.js("window.explain.decode")
     assert [len(r[0][0]) for r in d["rows"]] == [len(prompt) + i for i in range(1, 6)]  # one key more each step
+    assert d["drawn"] == [len(prompt) + i for i in range(6)]  # the grid redrawn as each event streamed in, a row more
+    assert page.js("document.querySelectorAll('#decode-weights tbody tr').length") == len(prompt) + 5
+    assert "KV cache:" in page.text("#kv-text")
+    _screenshot(page, tmp_path_factory, "explain_desktop_decode.png")
     assert page.js("document.querySelectorAll('#decode-table tbody tr').length") == 6
 
     page.click("#tab-order")
@@ -267,10 +327,14 @@ def test_page_shows_the_models_own_weights_decode_rows_and_order(page, server, f
     perm, a, b = o["perm"], o["without_positions"]["original"], o["without_positions"]["shuffled"]
     assert max(abs(b[i][j] - a[perm[i]][perm[j]]) for i in range(len(perm)) for j in range(len(perm))) < 1e-5
     assert o["with_positions"]["max_abs_difference"] > 1e-3
+    assert page.js("document.querySelectorAll('#order-tables table').length") == 4  # each grid's text alternative
+    _screenshot(page, tmp_path_factory, "explain_desktop_order.png")
     assert not page.errors()
 
 
 def test_page_at_phone_width_fits_and_every_field_is_labelled(page, server, tmp_path_factory):
+    """At 390 px every view, filled with its data, fits the screen (wide tables scroll inside their box); every
+    field has a label."""
     page.viewport(390, 844, True)
     try:
         _open(page, server)
@@ -281,6 +345,15 @@ def test_page_at_phone_width_fits_and_every_field_is_labelled(page, server, tmp_
                              "!e.labels.length).map(e => e.id)")
         assert unlabelled == []
         _screenshot(page, tmp_path_factory, "explain_phone.png")
+        for view, button, ready in (("budget", "#budget-run", "window.explain.budget"),
+                                    ("decode", "#decode-run", "window.explain.decode && window.explain.decode.steps.length"),
+                                    ("grid", "#grid-run", "window.explain.grid"),
+                                    ("order", "#order-run", "window.explain.order")):
+            page.js(f"document.querySelector('#tab-{view}').click(); document.querySelector('{button}').click()")
+            page.wait(f"{ready} && !document.querySelector('{button}').disabled", f"the {view} view", timeout_s=120)
+            width = page.js("document.documentElement.scrollWidth")
+            assert width <= 390, f"the {view} view is {width} px wide at 390"
+            _screenshot(page, tmp_path_factory, f"explain_phone_{view}.png")
         assert not page.errors()
     finally:
         page.viewport(1280, 900, False)
@@ -323,7 +396,7 @@ def test_every_claim_links_to_a_view_of_the_explainer():
     results = json.loads((REPO / "reports" / "cpu-full" / "results.json").read_text())
     page = render(results)
     assert page.count("attnlab explain YOUR_CHECKPOINT") == len(results["claims"])
-    assert "<code>http://127.0.0.1:8001/#budget</code>" in page  # shown, not linked: the report fetches nothing
+    assert '<a href="http://127.0.0.1:8001/#budget">its budget view</a>' in page  # a link: nothing fetched on load
 
 
 def test_page_traces_a_recurrent_checkpoint(tmp_path):

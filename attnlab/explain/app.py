@@ -68,10 +68,10 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def router(get: Callable[[], views.Explained], predict: Callable[[object, int], float | None] | None = None,
-           authorize: Callable[[Request], str | None] | None = None) -> APIRouter:
+           authorize: Callable[[Request], str | None] | None = None, served: bool = False) -> APIRouter:
     """The page and the views' routes. ``predict(cfg, n)``: the cost model's prefill seconds for n tokens, or None
     while this machine's calibration is not ready. ``authorize(request)``: why an /api request is refused (401), or
-    None (``attnlab serve``'s API key)."""
+    None (``attnlab serve``'s API key). ``served``: mounted beside ``attnlab serve``'s page (the page links back)."""
     r = APIRouter()
     lock = threading.Lock()
 
@@ -112,7 +112,7 @@ def router(get: Callable[[], views.Explained], predict: Callable[[object, int], 
         if (denied := refused(request)) is not None:
             return denied
         try:
-            return JSONResponse(await compute(lambda ex: ex.facts()))
+            return JSONResponse(await compute(lambda ex: {**ex.facts(), "served": served}))
         except BadRequest as e:
             return _error(e.status, e.message)
 

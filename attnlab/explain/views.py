@@ -80,26 +80,37 @@ def entropy_bits(w: torch.Tensor) -> torch.Tensor:
 
 
 def attention(ex: Explained, prompt: str, layer: int = 0, head: int = 0) -> dict:
-    """One layer and head's T x T weights (row i: what token i attends to), each row's entropy and largest weight
-    for every layer and head, and the prompt's measured prefill time."""
+    """One layer and head's T x T weights (row i: what token i attends to) and which cells its kernel lets a query
+    see (``visible``: the causal mask, or a sliding window's band, or a sparse pattern), each row's entropy and
+    largest weight for every layer and head, and the prompt's measured prefill time."""
     ids = ex.encode(prompt)
-    w = capture.prompt_weights(ex.model, ids)  # (L, H, T, T)
-    L, H = w.shape[:2]
+    calls = capture.prompt_calls(ex.model, ids)
+    L, H = len(calls), calls[0].q.shape[1]
     if not (0 <= layer < L and 0 <= head < H):
         raise AttnlabError(f"layer {layer}, head {head}: this model has layers 0..{L - 1} and heads 0..{H - 1}")
+    w = torch.stack([capture.weights(c)[0] for c in calls])  # (L, H, T, T)
+    T = w.shape[-1]
+    seen = capture.visible(calls[layer])
+    seen = torch.ones(T, T, dtype=torch.bool) if seen is None else seen.reshape(-1, T, T)[0]  # (T, T)
     ent, top = entropy_bits(w), w.max(-1).values
     return {"tokens": ex.token_texts(ids), "ids": ids, "layers": L, "heads": H, "layer": layer, "head": head,
-            "weights": _matrix(w[layer, head]), "entropy_bits": [[[_r(v) for v in h] for h in l] for l in ent.tolist()],
+            "weights": _matrix(w[layer, head]), "visible": seen.int().tolist(),
+            "entropy_bits": [[[_r(v) for v in h] for h in l] for l in ent.tolist()],
             "max_weight": [[[_r(v) for v in h] for h in l] for l in top.tolist()],
             "kernel": ex.cfg.kernel, "prefill": _forward_s(ex.model, ids)}
 
 
 def budget(ex: Explained, prompt: str, filler: str = " and so on", steps: tuple[int, ...] = (0, 1, 2, 4, 8, 16)) -> dict:
-    """How the last token's attention spreads as text is added: by prefix (the prompt's first n tokens) and with
-    ``filler`` repeated 0..16 times before the last token. Per layer, averaged over heads: the last row's entropy,
-    its largest weight, and (with filler) the weight it still gives the prompt's own tokens."""
+    """How attention spreads: every row of the prompt (``rows``), and the last token's row as text is added: by
+    prefix (the prompt's first n tokens) and with ``filler`` repeated 0..16 times before the last token. Per layer,
+    averaged over heads: the row's entropy, its largest weight, and (with filler) the weight the last row still
+    gives the prompt's own tokens."""
     ids = ex.encode(prompt)
     cap = ex.cfg.max_seq_len
+    whole = capture.prompt_weights(ex.model, ids)  # (L, H, T, T)
+    rows = {"entropy_bits": [[_r(v) for v in l] for l in entropy_bits(whole).mean(1).tolist()],  # (L, T)
+            "max_weight": [[_r(v) for v in l] for l in whole.max(-1).values.mean(1).tolist()],
+            "uniform_bits": [_r(math.log2(i + 1)) for i in range(len(ids))]}
     prefixes = sorted({n for n in (2, 4, 8, 16, 32, 64, 128, 256, len(ids)) if 2 <= n <= len(ids)})
     by_prefix = []
     for n in prefixes:
@@ -119,7 +130,8 @@ def budget(ex: Explained, prompt: str, filler: str = " and so on", steps: tuple[
                           "entropy_bits": [_r(v) for v in entropy_bits(w).mean(1).tolist()],
                           "max_weight": [_r(v) for v in w.max(-1).values.mean(1).tolist()],
                           "weight_on_prompt": [_r(v) for v in own.mean(1).tolist()]})
-    return {"tokens": ex.token_texts(ids), "filler": filler, "by_prefix": by_prefix, "by_filler": by_filler}
+    return {"tokens": ex.token_texts(ids), "filler": filler, "rows": rows, "by_prefix": by_prefix,
+            "by_filler": by_filler}
 
 
 def grid(ex: Explained, lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512), seed: int = 0,

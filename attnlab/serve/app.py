@@ -58,7 +58,7 @@ def add_explain_tab(app: FastAPI, served: C.Served, cfg: ServeConfig) -> None:
     def predict(model_cfg, n: int):
         return P.predict(model_cfg, n, 1)["ttft_uncached_s"] if P.ready() else None
 
-    app.include_router(router(explained, predict, authorize), prefix="/explain")
+    app.include_router(router(explained, predict, authorize, served=True), prefix="/explain")
 
 
 def create_app(served: C.Served, cfg: ServeConfig, worker: Worker | None = None) -> FastAPI:

@@ -109,10 +109,10 @@ export function lineChart(svg, series, {xlabel = "", ylabel = "", logX = false, 
     el("polyline", {points: d.join(" "), fill: "none", stroke: LINE[n % 4], "stroke-width": 2,
                     "stroke-dasharray": DASH[n % 4]}, svg);
     s.xs.forEach((x, i) => s.ys[i] != null && el("circle", {cx: px(x), cy: py(s.ys[i]), r: 3, fill: LINE[n % 4]}, svg));
-    const lx = L + 10 + n * 150;
-    el("line", {x1: lx, y1: T + 6, x2: lx + 24, y2: T + 6, stroke: LINE[n % 4], "stroke-width": 2,
+    const lx = L + 10, ly = T + 6 + n * 20;  // the legend stacked, so long names never overlap at any width
+    el("line", {x1: lx, y1: ly, x2: lx + 24, y2: ly, stroke: LINE[n % 4], "stroke-width": 2,
                 "stroke-dasharray": DASH[n % 4]}, svg);
-    el("text", {x: lx + 28, y: T + 10, class: "tick"}, svg).textContent = s.name;
+    el("text", {x: lx + 28, y: ly + 4, class: "tick"}, svg).textContent = s.name;
   });
 }
 

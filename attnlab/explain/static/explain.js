@@ -70,15 +70,16 @@ function drawAttention() {
   const a = state.attention;
   if (!a) return;
   const f = state.focus;
-  heatmap($("#heatmap"), a.weights, a.tokens.length, {mask: (i, j) => j > i, focus: f == null ? null : {row: f, col: f},
+  heatmap($("#heatmap"), a.weights, a.tokens.length, {mask: (i, j) => !a.visible[i][j],
+                                                      focus: f == null ? null : {row: f, col: f},
                                                       perRow: $("#scale").value === "row"});
   $("#heatmap").setAttribute("aria-label", `attention weights of layer ${a.layer}, head ${a.head}: ${a.tokens.length} ` +
     `by ${a.tokens.length}, the table below holds every value`);
   document.querySelectorAll("#tokens button").forEach((b, i) => b.classList.toggle("on", i === f));
-  if (f != null) {
+  if (f != null) {  // the largest visible weight of the focused row, and of its column
+    const argmax = (vals, ok) => vals.reduce((best, v, k) => ok(k) && (best < 0 || v > vals[best]) ? k : best, -1);
     const row = a.weights[f], col = a.weights.map(r => r[f]);
-    const best = row.slice(0, f + 1).indexOf(Math.max(...row.slice(0, f + 1)));
-    const reader = col.slice(f).indexOf(Math.max(...col.slice(f))) + f;
+    const best = argmax(row, j => a.visible[f][j]), reader = argmax(col, i => a.visible[i][f]);
     $("#focus-text").textContent = `“${show(a.tokens[f])}” (token ${f}) attends most to “${show(a.tokens[best])}” ` +
       `(${(row[best] * 100).toFixed(1)}%); the token that attends most to it is “${show(a.tokens[reader])}” ` +
       `(${(col[reader] * 100).toFixed(1)}%).`;
@@ -106,7 +107,7 @@ function renderAttention(a) {
   $("#focus-text").textContent = "";
   drawAttention();
   table($("#attention-table"), ["query \\ key", ...a.tokens.map(show)],
-        a.weights.map((r, i) => [show(a.tokens[i]), ...a.tokens.map((_, j) => j <= i ? r[j] : "")]));
+        a.weights.map((r, i) => [show(a.tokens[i]), ...a.tokens.map((_, j) => a.visible[i][j] ? r[j] : "")]));
   const L = a.layer;
   table($("#heads-table"), ["head", "mean entropy (bits)", "last row's entropy", "mean largest weight"],
         a.entropy_bits[L].map((e, h) => [h, e.reduce((x, y) => x + y, 0) / e.length, e[e.length - 1],
@@ -133,7 +134,14 @@ for (const id of ["#layer", "#head"]) $(id).addEventListener("change", () => bus
 async function loadBudget() {
   const b = await (await call("api/budget", {prompt: prompt(), filler: $("#filler").value})).json();
   state.budget = b;
-  const L = b.by_prefix[0].entropy_bits.length;
+  const L = b.rows.entropy_bits.length, rows = b.tokens.map((_, i) => i);
+  lineChart($("#rows-chart"), [
+    ...Array.from({length: Math.min(L, 3)}, (_, l) => ({name: `layer ${l}`, xs: rows, ys: b.rows.entropy_bits[l]})),
+    {name: "evenly spread (log2 (i + 1))", xs: rows, ys: b.rows.uniform_bits}],
+    {xlabel: "row i (token position)", ylabel: "entropy of row i (bits)"});
+  table($("#rows-table"), ["row", "token", ...Array.from({length: L}, (_, l) => `layer ${l}: entropy / largest`)],
+        rows.map(i => [i, show(b.tokens[i]), ...b.rows.entropy_bits.map((e, l) =>
+          `${+e[i].toPrecision(3)} / ${+b.rows.max_weight[l][i].toPrecision(3)}`)]));
   lineChart($("#budget-chart"), [
     ...Array.from({length: Math.min(L, 3)}, (_, l) => ({name: `layer ${l}`, xs: b.by_prefix.map(p => p.tokens),
                                                         ys: b.by_prefix.map(p => p.entropy_bits[l])})),
@@ -141,22 +149,34 @@ async function loadBudget() {
     {xlabel: "tokens in the prompt", ylabel: "entropy of the last row (bits)", logX: true});
   table($("#budget-table"), ["tokens", ...Array.from({length: L}, (_, l) => `layer ${l}: entropy / largest`)],
         b.by_prefix.map(p => [p.tokens, ...p.entropy_bits.map((e, l) => `${+e.toPrecision(3)} / ${+p.max_weight[l].toPrecision(3)}`)]));
-  table($("#filler-table"), ["inserted tokens", ...Array.from({length: L}, (_, l) => `layer ${l}: weight on the prompt`)],
-        b.by_filler.map(p => [p.inserted_tokens, ...p.weight_on_prompt]));
+  lineChart($("#filler-chart"), Array.from({length: Math.min(L, 3)}, (_, l) => (
+    {name: `layer ${l}`, xs: b.by_filler.map(p => p.inserted_tokens), ys: b.by_filler.map(p => p.weight_on_prompt[l])})),
+    {xlabel: "irrelevant tokens inserted", ylabel: "last row's weight on the prompt"});
+  table($("#filler-table"), ["inserted tokens", ...Array.from({length: L}, (_, l) =>
+          `layer ${l}: weight on the prompt / entropy / largest`)],
+        b.by_filler.map(p => [p.inserted_tokens, ...p.weight_on_prompt.map((w, l) =>
+          `${+w.toPrecision(3)} / ${+p.entropy_bits[l].toPrecision(3)} / ${+p.max_weight[l].toPrecision(3)}`)]));
 }
 $("#budget-run").addEventListener("click", () => busy("Measuring the budget", loadBudget));
 
 // --- prefill vs decode
 async function loadDecode() {
   const r = await call("api/decode", {prompt: prompt(), new_tokens: Number($("#new-tokens").value)});
-  const d = state.decode = {prefill: null, rows: [], steps: []};
+  const d = state.decode = {prefill: null, rows: [], steps: [], drawn: []};  // drawn: the grid's rows at each event
   const layer = Number($("#layer").value || 0), head = Number($("#head").value || 0);
   const reader = r.body.getReader(), text = new TextDecoder();
   let buf = "";
   const draw = () => {
     const grid = d.prefill.weights[layer][head].concat(d.rows.map(row => row[layer][head]));
+    d.drawn.push(grid.length);
     heatmap($("#decode-grid"), grid, grid.length, {mask: (i, j) => j > i, perRow: true});
+    table($("#decode-weights"), ["row \\ key", ...grid.map((_, j) => j)],
+          grid.map((r, i) => [i < d.prefill.tokens.length ? `prefill ${i}` : `step ${i - d.prefill.tokens.length + 1}`,
+                              ...grid.map((_, j) => j < r.length ? r[j] : "")]));
     const last = d.steps.length ? d.steps[d.steps.length - 1] : d.prefill;
+    const partial = last.kv_tokens - (last.kv_blocks - 1) * d.prefill.block_size;
+    $("#kv-text").textContent = `KV cache: ${last.kv_tokens} tokens in ${last.kv_blocks} blocks of ` +
+      `${d.prefill.block_size} (the last holds ${partial}); a new block is taken when one fills.`;
     $("#kv-blocks").replaceChildren(...Array.from({length: last.kv_blocks}, (_, i) => {
       const s = document.createElement("span");
       const filled = last.kv_tokens - i * d.prefill.block_size;
@@ -213,14 +233,30 @@ async function loadOrder() {
   heatmap($("#order-plain-shuffled"), o.without_positions.shuffled, n);
   heatmap($("#order-pos"), o.with_positions.original, n);
   heatmap($("#order-pos-shuffled"), o.with_positions.shuffled, n);
+  const box = $("#order-tables");
+  box.replaceChildren();
+  for (const [title, m, toks] of [
+      ["Without positions: original", o.without_positions.original, o.tokens],
+      ["Without positions: shuffled", o.without_positions.shuffled, o.perm.map(p => o.tokens[p])],
+      ["With positions: original", o.with_positions.original, o.tokens],
+      ["With positions: shuffled", o.with_positions.shuffled, o.perm.map(p => o.tokens[p])]]) {
+    const h = document.createElement("h4"), t = document.createElement("table");
+    h.textContent = title;
+    table(t, ["query \\ key", ...toks.map(show)], m.map((r, i) => [show(toks[i]), ...r]));
+    box.append(h, t);
+  }
   $("#order-figures").textContent = `largest difference from the permuted original: without positions ` +
     `${o.without_positions.max_abs_difference.toExponential(1)}, with positions ` +
     `${o.with_positions.max_abs_difference.toExponential(1)} (order: ${o.perm.join(", ")})`;
   $("#rope-box").hidden = !o.rope;
   if (o.rope) {
-    lineChart($("#rope-chart"), [{name: "measured mean logit", xs: o.rope.distance, ys: o.rope.mean_logit},
-                                 {name: "Σ cos(dθ)", xs: o.rope.distance, ys: o.rope.cos_sum.map(v => v / o.rope.cos_sum[0])}],
-              {xlabel: "relative distance (tokens)", ylabel: "score"});
+    // two charts: the rotation's own score (0 to 1) and the model's logits have unrelated scales
+    lineChart($("#rope-chart"), [{name: "Σ cos(dθ) / its value at 0", xs: o.rope.distance,
+                                  ys: o.rope.cos_sum.map(v => v / o.rope.cos_sum[0])}],
+              {xlabel: "relative distance d (tokens)", ylabel: "the rotation's score"});
+    lineChart($("#rope-measured"), [{name: "this model's mean first-layer logit", xs: o.rope.distance,
+                                     ys: o.rope.mean_logit}],
+              {xlabel: "relative distance d (tokens)", ylabel: "mean logit"});
     table($("#rope-table"), ["distance", "mean first-layer logit", "Σ cos(dθ) / its value at 0"],
           o.rope.distance.map((d, i) => [d, o.rope.mean_logit[i], o.rope.cos_sum[i] / o.rope.cos_sum[0]]));
   }
@@ -259,6 +295,7 @@ $("#prompt").addEventListener("keydown", e => {
     $("#model-facts").textContent = `${f.family}, ${f.layers} layers` + (f.heads ? ` x ${f.heads} heads` : "") +
       `, width ${f.dim}, ${(f.params / 1e6).toFixed(2)}M parameters, context ${f.max_seq_len}` +
       (f.kernel && !f.recurrent ? `, kernel ${f.kernel}, positions ${f.pos}` : "");
+    $("#pages").hidden = !f.served;  // under `attnlab serve`: the page beside the server's own
     const asked = document.getElementById("tab-" + location.hash.slice(1));  // a report's link: #budget, #order…
     if (asked) openTab(asked);
     else if (f.recurrent) openTab($("#tab-recurrence"));
