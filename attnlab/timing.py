@@ -144,6 +144,20 @@ def resident_bytes(key: str = "VmRSS") -> int | None:
     return None
 
 
+def resident_memory_readable(device) -> bool:
+    """Whether the process's resident memory holds ``device``'s tensors and can be read (a CPU, with procfs)."""
+    return torch.device(device).type == "cpu" and resident_bytes() is not None
+
+
+def settled_resident_bytes() -> int | None:
+    """The process's resident bytes once freed heap pages have gone back to the OS (malloc_trim): what the live
+    objects occupy, read the same way at every point of a growth curve."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+    return resident_bytes("VmRSS")
+
+
 class PeakMemory:
     """A peak-memory window: ``start()`` then ``peak_bytes()`` = the most held above the start, in between.
 

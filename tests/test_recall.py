@@ -84,8 +84,8 @@ def _e03():
     """A fake claim-3 measurement (its verdicts are tested in test_decide.py)."""
     grads = {f: [1.0, 1e-40] for f in e03.GRADIENT_FAMILIES}
     grads["transformer"] = [1.0, 0.5]
-    rec = {f: {**_rec((0.5, 0.52, 0.49)), "lr_sweep": {3e-4: 0.5, 1e-3: 0.6, 3e-3: 0.55}, "best_lr": 1e-3}
-           for f in e03.RECALL_FAMILIES["full"]}
+    rec = {f: {**_rec((0.5, 0.52, 0.49), (0.8, 0.8, 0.8)), "lr_sweep": {3e-4: 0.5, 1e-3: 0.6, 3e-3: 0.55},
+               "best_lr": 1e-3} for f in e03.RECALL_FAMILIES["full"]}  # every family learned the small case
     rec["transformer"] = {**_rec((0.95, 0.93, 0.94)), "lr_sweep": {3e-4: 0.5, 1e-3: 0.9, 3e-3: 0.55}, "best_lr": 1e-3}
     return {"grad_norms_by_seed": [grads] * 3, "recall": rec}
 
@@ -101,10 +101,10 @@ def test_a_sweep_is_extended_until_it_brackets_its_best_rate():
     assert recall.best_rate({3e-4: 1.0, 1e-3: 1.0, 3e-3: 0.5}) == 1e-3  # a tie: the one inside the sweep
 
 
-def _e08(tr=(0.95,), rem=(0.5,), exps=None):
+def _e08(tr=(0.95,), rem=(0.5,), exps=None, small_rem=(0.8, 0.8)):
     lens = [1024, 2048, 4096]
     exps = exps or {"sdpa": 2.0, "flash": 2.0, "sliding": 1.0, "block_sparse": 1.5, "linear": 1.0, "ssm": 1.0}
-    rec = {f: _rec(rem) for f in e08.REMEDIES}
+    rec = {f: _rec(rem, small_rem[:len(rem)]) for f in e08.REMEDIES}  # the remedies learned the small case
     rec["transformer"] = _rec(tr)
     return {"lengths": lens, "times_s": {k: [1e-3 * (T / 1024) ** e for T in lens] for k, e in exps.items()},
             "recall": rec}
@@ -119,6 +119,7 @@ def test_claim_8_verdicts():
     assert e08.decide(_e08(exps=fault)).verdict == INCONCLUSIVE  # an O(n sqrt n) kernel cannot fit below 1
     assert e08.decide(_e08(tr=(0.3,), rem=(0.2,))).verdict == INCONCLUSIVE
     assert e08.decide(_e08(tr=(0.9, 0.5), rem=(0.6, 0.62))).verdict == INCONCLUSIVE
+    assert e08.decide(_e08(small_rem=(0.3,))).verdict == INCONCLUSIVE  # the remedies never learned the small case
     quick = _e08()
     del quick["recall"]["block_sparse"]  # quick scale trains a subset
     assert e08.decide(quick).verdict == SUPPORTED

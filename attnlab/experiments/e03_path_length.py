@@ -27,10 +27,14 @@ THRESHOLD = ("Decided per seed (3 at full scale), the seeds required to agree. S
              "5 points and its far-half accuracy is within 5 points of its near half. Not supported if a check fails "
              "(a recall difference the other way beyond 5 points); inconclusive if a recall difference is within 5 "
              "points or the seeds disagree.")
-REGIME = ("Recall is compared only between models that learned the task (the best family >= 50% MQAR accuracy at the "
-          "smallest pair count, that seed), each trained at a learning rate inside its sweep (the best rate not at an "
-          "end: a rate at the end may be the best only of too narrow a sweep); gradients are compared only where they "
-          "are measurable (every norm > 0: no underflow).")
+REGIME = ("Recall is compared only between models that learned the task (each family compared >= 50% MQAR accuracy "
+          "at the smallest pair count, that seed), each trained at a learning rate inside its sweep (the best rate "
+          "not at an end: a rate at the end may be the best only of too narrow a sweep); gradients are compared only "
+          "where they are measurable (every norm > 0: no underflow).")
+REGIME_OLD = ("Recall is compared only between models that learned the task (the best family >= 50% MQAR accuracy at "
+              "the smallest pair count, that seed), each trained at a learning rate inside its sweep (the best rate not "
+              "at an end: a rate at the end may be the best only of too narrow a sweep); gradients are compared only "
+              "where they are measurable (every norm > 0: no underflow).")
 
 CHANGES = [
     {"date": "2026-11-29", "what": "An inconclusive gate was added after the first results were seen.",
@@ -70,10 +74,23 @@ GRADIENT_FAMILIES = {"transformer": {}, "lstm": dict(family="lstm"), "gru": dict
 RECALL_FAMILIES = {"quick": ("transformer", "lstm", "linear"),
                    "full": ("transformer", "lstm", "gru", "rnn", "ssm", "linear")}
 RECURRENT = ("rnn", "lstm", "gru")
+CHANGES.append(
+    {"date": "2026-12-05", "what": "regime: every family compared must have learned the task, not the best one",
+     "old": REGIME_OLD, "new": REGIME,
+     "why": ("Issue 29's independent read: the regime said recall is compared only between models that learned the "
+             "task but checked the best family alone, and in the reference no family but the transformer had "
+             "learned it: at 4 pairs the rnn scored 2% (chance), the lstm 3-20%, the gru, linear attention and the "
+             "SSM 28-43% (about what guessing among the 4 values in the context gives), against the transformer's "
+             "100% (679adec). 'The transformer recalls best' then compared a trained model with baselines that never "
+             "formed the lookup, which says nothing about path length. The rule is to fix the training, not the "
+             "threshold: until the recurrent families learn the small case, the recall half is outside its regime, "
+             "and since each seed is decided whole, so is the seed's gradient half (measured at initialisation, and "
+             "shown). Prediction and threshold unchanged. Verdict before: supported (679adec, 3 of 3 seeds); after, on the "
+             "same data: inconclusive (regime not reached).")})
 EST_S = {"quick": 2, "full": 60}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
 TRAIN_EST_S = {"quick": 30, "full": 1000}  # this claim's share of the training stage (training.py), in seconds
 MARGIN = 0.05  # recall: the transformer ahead (or behind) by more than this to count; far half within this of near
-LEARNED = 0.5  # the REGIME: best family's accuracy at the smallest pair count
+LEARNED = 0.5  # the REGIME: each compared family's accuracy at the smallest pair count
 SEEDS = {"quick": (0,), "full": (0, 1, 2)}  # gradient initialisations; recall trains recall.SETUPS[scale].seeds
 
 
@@ -117,10 +134,11 @@ def regime(m: dict, i: int) -> list[dict]:
     low = min(min(v) for v in g.values())
     rec = {f: recall.by_int(r["test"]) for f, r in m["recall"].items()}
     smallest = min(rec["transformer"])
-    learned = max(r[smallest][min(i, len(r[smallest]) - 1)]["acc"] for r in rec.values())
-    out = [condition("smallest gradient norm", low, "> 0 (no underflow)", low > 0, f"{low:.2g}"),
-           condition(f"best accuracy at {smallest} pairs", learned, f">= {LEARNED:.0%} (the task was learned)",
-                     learned >= LEARNED, f"{learned:.0%}")]
+    out = [condition("smallest gradient norm", low, "> 0 (no underflow)", low > 0, f"{low:.2g}")]
+    for f, r in rec.items():  # every family compared: a comparison with one that never learned says nothing
+        a = r[smallest][min(i, len(r[smallest]) - 1)]["acc"]
+        out.append(condition(f"{f}'s accuracy at {smallest} pairs", a, f">= {LEARNED:.0%} (it learned the task)",
+                             a >= LEARNED, f"{a:.0%}"))
     for f, r in m["recall"].items():
         rates = sorted(float(k) for k in r.get("lr_sweep", {}))
         out.append(condition(f"{f} learning-rate sweep brackets its best", r["best_lr"],

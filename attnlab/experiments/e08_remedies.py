@@ -22,15 +22,28 @@ PREDICTION = ("At long n their time grows with exponents near 1 (block_sparse ~1
               "MQAR, models with a bounded window or fixed-size state recall less than exact attention at equal budget.")
 THRESHOLD = ("Each repetition (one timing round, one recall seed) is decided alone: supported if every remedy's time "
              "exponent is below exact attention's and exact attention's MQAR accuracy at the largest pair count is "
-             "above every remedy's by more than 5 points. Not supported if a check fails (a remedy's exponent not "
-             "below, or a remedy recalling as well or better); inconclusive if a recall difference is within 5 "
-             "points or a fitted exponent is physically implausible (below 0.5, or an O(n*sqrt(n)) or quadratic "
-             "kernel below 1: a measuring fault, not a result). Repetitions that disagree make the verdict "
-             "inconclusive (unstable).")
-REGIME = ("The trade is judged where each half applies: exact attention has learned recall (>= 90% MQAR accuracy at "
-          "the smallest pair count, in the same seed), so a remedy's lower recall is the remedy's, not untrained "
-          "models'; and n is long for the window that is timed and trained (every timed length >= 32x the sliding "
-          "window), so the window's O(n*w) cost can show its exponent near 1.")
+             "above every remedy's by more than 5 points, the sliding window's aside (its recall is bounded by its "
+             "reach, layers x window tokens, whatever it learns: shown, not decided). Not supported if a check fails "
+             "(a remedy's exponent not below, or a remedy recalling as well or better); inconclusive if a recall "
+             "difference is within 5 points or a fitted exponent is physically implausible (below 0.5, or an "
+             "O(n*sqrt(n)) or quadratic kernel below 1: a measuring fault, not a result). Repetitions that disagree "
+             "make the verdict inconclusive (unstable).")
+THRESHOLD_OLD = ("Each repetition (one timing round, one recall seed) is decided alone: supported if every remedy's "
+                 "time exponent is below exact attention's and exact attention's MQAR accuracy at the largest pair "
+                 "count is above every remedy's by more than 5 points. Not supported if a check fails (a remedy's "
+                 "exponent not below, or a remedy recalling as well or better); inconclusive if a recall difference "
+                 "is within 5 points or a fitted exponent is physically implausible (below 0.5, or an O(n*sqrt(n)) or "
+                 "quadratic kernel below 1: a measuring fault, not a result). Repetitions that disagree make the "
+                 "verdict inconclusive (unstable).")
+REGIME = ("The trade is judged where each half applies: every model whose recall is decided has learned recall "
+          "(exact attention >= 90% MQAR accuracy at the smallest pair count, block_sparse, linear attention and the "
+          "SSM each >= 50% there, in the same seed), so a remedy's lower recall at the largest count is the remedy's "
+          "limit, not a model that never learned the task; and n is long for the window that is timed and trained "
+          "(every timed length >= 32x the sliding window), so the window's O(n*w) cost can show its exponent near 1.")
+REGIME_OLD = ("The trade is judged where each half applies: exact attention has learned recall (>= 90% MQAR accuracy at "
+              "the smallest pair count, in the same seed), so a remedy's lower recall is the remedy's, not untrained "
+              "models'; and n is long for the window that is timed and trained (every timed length >= 32x the sliding "
+              "window), so the window's O(n*w) cost can show its exponent near 1.")
 CHANGES = [
     {"date": "2026-11-29", "what": "An inconclusive gate was added after the first results were seen.",
      "old": "Supported if every remedy's time exponent is below exact attention's and exact attention's MQAR accuracy "
@@ -64,7 +77,22 @@ CHANGES = [
              "made.")},
 ]
 
+CHANGES.append(
+    {"date": "2026-12-05", "what": "regime and threshold: every model whose recall is decided must have learned it; "
+                                   "the sliding window's recall shown, not decided",
+     "old": THRESHOLD_OLD + " Regime: " + REGIME_OLD, "new": THRESHOLD + " Regime: " + REGIME,
+     "why": ("Issue 29's independent read: with exact attention alone checked, the remedies' lower recall could be "
+             "models that never learned the task, and in the reference they had not: at 4 pairs block_sparse, linear "
+             "and the SSM scored 28-43% (about what guessing among the 4 values in the context gives) and the sliding "
+             "window 10%, against exact attention's 100% (679adec). Their recall at 16 pairs then says nothing about "
+             "the remedies' limit. The guide's rule is to fix the training, not the threshold: until every remedy "
+             "learns the small case (Zoology's recipe reaches it with wider models and longer training), the recall "
+             "half is outside its regime. The sliding window (8 tokens, 2 layers: a reach of about 14 tokens in "
+             "64-token sequences) cannot see most keys at any pair count, so its low recall holds by construction: "
+             "it is shown and neither decided nor required to learn. Prediction unchanged. Verdict before: supported "
+             "(679adec, 3 of 3 repetitions); after, on the same data: inconclusive (regime not reached).")})
 REMEDIES = ("sliding", "block_sparse", "linear", "ssm")
+RECALL_DECIDED = ("block_sparse", "linear", "ssm")  # the sliding window's recall is bounded by its reach: shown
 # Quick scale trains a bounded window and a fixed state (sliding, linear); block_sparse and the SSM are trained
 # at full scale (their time exponents are measured at both).
 RECALL_MODELS = {"quick": ("transformer", "sliding", "linear"), "full": ("transformer",) + REMEDIES}
@@ -73,7 +101,7 @@ LOWEST = {"sdpa": 1.0, "flash": 1.0, "sliding": 0.5, "block_sparse": 1.0, "linea
 EST_S = {"quick": 3, "full": 60}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
 TRAIN_EST_S = {"quick": 10, "full": 350}  # this claim's share of the training stage (training.py), in seconds
 WINDOW = recall.MODEL_FIELDS["sliding"]["window"]  # the recall model's window: the one timed
-RECALL_MARGIN, LEARNED, MIN_N_PER_WINDOW = 0.05, 0.9, 32
+RECALL_MARGIN, LEARNED, REMEDY_LEARNED, MIN_N_PER_WINDOW = 0.05, 0.9, 0.5, 32
 
 
 def _times(lens, device, repeats, warmup=1, H=4, D=64):
@@ -135,7 +163,10 @@ def _one(lens, times: dict, acc: dict) -> Decision:
     reasons.append(f"every remedy's exponent below exact attention's: {'yes' if faster else 'no'}")
     if implausible:
         reasons.append("physically implausible fits (a measuring fault): " + ", ".join(implausible))
-    diff = {f: acc["transformer"] - acc[f] for f in REMEDIES if f in acc}
+    diff = {f: acc["transformer"] - acc[f] for f in RECALL_DECIDED if f in acc}
+    if "sliding" in acc:
+        reasons.append(f"shown, not decided: the sliding window's MQAR {acc['sliding']:.0%} (its reach, layers x "
+                       "window, holds few of the keys)")
     wins = {f: True if d > RECALL_MARGIN else (False if d <= 0 else None) for f, d in diff.items()}
     if implausible:
         ok = None
@@ -165,9 +196,13 @@ def decide(m: dict) -> Decision:
         acc = {f: r[top][i]["acc"] for f, r in rec.items()}
         learned = rec["transformer"][smallest][i]["acc"]
         regime = [condition(f"exact attention's MQAR accuracy at {smallest} pairs (seed {i})", learned,
-                            f">= {LEARNED:.0%} (the baseline learned recall)", learned >= LEARNED, f"{learned:.0%}"),
-                  condition("shortest timed n / sliding window", lens[0] / window, f">= {MIN_N_PER_WINDOW}",
-                            lens[0] / window >= MIN_N_PER_WINDOW, f"{lens[0]} / {window}")]
+                            f">= {LEARNED:.0%} (the baseline learned recall)", learned >= LEARNED, f"{learned:.0%}")]
+        for f in (f for f in RECALL_DECIDED if f in rec):
+            a = rec[f][smallest][min(i, len(rec[f][smallest]) - 1)]["acc"]
+            regime.append(condition(f"{f}'s MQAR accuracy at {smallest} pairs (seed {i})", a,
+                                    f">= {REMEDY_LEARNED:.0%} (it learned the task)", a >= REMEDY_LEARNED, f"{a:.0%}"))
+        regime.append(condition("shortest timed n / sliding window", lens[0] / window, f">= {MIN_N_PER_WINDOW}",
+                                lens[0] / window >= MIN_N_PER_WINDOW, f"{lens[0]} / {window}"))
         decisions.append(in_regime(regime, _one(lens, rounds[i % len(rounds)], acc)))
     d = over_repeats(decisions)
     exps = {k: fit_exponent(lens, v) for k, v in m["times_s"].items()}

@@ -18,6 +18,7 @@ MIN_MARGIN = 0.003  # NDCG@10: a difference smaller than this never counts, howe
 MIN_USERS = 30  # a history-length bucket needs this many test users to enter the comparison
 Z = 2.0  # a paired difference counts beyond Z standard errors over the test users (about 95%)
 LEARNED = 2.0  # a neural model has learned when its NDCG@10 is at least this many times popularity's
+PLATEAU = 5  # epochs without a better validation score before training ended: it had stopped learning
 THRESHOLD = (f"Each seed is decided alone. A difference counts only beyond {Z:g} standard errors of the paired "
              f"per-user difference (the same test users under both models) and beyond {MIN_MARGIN} NDCG@10. A seed "
              "is supported if sasrec beats both markov and gru4rec overall and its lead over the better of the two "
@@ -27,8 +28,13 @@ THRESHOLD = (f"Each seed is decided alone. A difference counts only beyond {Z:g}
              "(unstable).")
 REGIME = (f"Models that learned the task, on named data: MovieLens-100K when cached, else the synthetic histories "
           f"with long-range tastes (the data's name is shown); sasrec's and gru4rec's full-ranking NDCG@10 each at "
-          f">= {LEARNED:g}x popularity's on the same test users; at least two history-length buckets of >= "
-          f"{MIN_USERS} test users.")
+          f">= {LEARNED:g}x popularity's on the same test users, each trained until its validation score had "
+          f"stopped improving (its best epoch >= {PLATEAU} epochs before training ended, not cut off by the time cap "
+          f"while still learning); at least two history-length buckets of >= {MIN_USERS} test users.")
+REGIME_OLD = (f"Models that learned the task, on named data: MovieLens-100K when cached, else the synthetic histories "
+              f"with long-range tastes (the data's name is shown); sasrec's and gru4rec's full-ranking NDCG@10 each at "
+              f">= {LEARNED:g}x popularity's on the same test users; at least two history-length buckets of >= "
+              f"{MIN_USERS} test users.")
 CHANGES = [
     {"date": "2026-11-30", "what": "method: the quick scale's size (prediction and threshold unchanged)",
      "old": "quick: 600 synthetic users, 2 seeds, 6 s of training per neural run (measured: 65 s, not supported)",
@@ -84,6 +90,15 @@ CHANGES = [
             "sasrec's deficit was smaller for histories of 100-199 (-0.044 to -0.051) than of 3-9 (-0.074 to -0.091) "
             "in every seed, within 2 standard errors of the difference (0.044-0.045)."},
 ]
+CHANGES.append(
+    {"date": "2026-12-05", "what": "regime: the neural models trained until they stopped improving",
+     "old": REGIME_OLD, "new": REGIME,
+     "why": ("Issue 29's independent read: at full scale every sasrec and gru4rec run ended at the 40-s training cap "
+             "(train_s 40.1-44.1 s in 679adec), so the comparison was at equal CPU time, possibly with models still "
+             "learning, and beating popularity by 2x cannot tell. Each run's epochs and best epoch are now recorded "
+             "and the regime asks the best epoch to lie >= 5 epochs before the last. Prediction and threshold "
+             "unchanged. Verdict before: not supported (679adec, 3 of 3 seeds); after, on the same data: "
+             "inconclusive (regime not reached: the epochs were not recorded, and every run hit the cap).")})
 EST_S = {"quick": 20, "full": 340}
 BASELINES = ("markov", "gru4rec")
 # quick: small synthetic histories, 1 seed, 5 s of training per model (a smoke run);
@@ -103,6 +118,13 @@ def _paired(a: list, b: list) -> dict:
     return {"diff": mu, "se": math.sqrt(var / n), "users": n}
 
 
+def _plateau(run: dict) -> int | None:
+    """Epochs trained after the best validation epoch (how long the run had stopped improving), or None."""
+    if run.get("epochs") is None or run.get("best_epoch") is None:
+        return None
+    return run["epochs"] - run["best_epoch"]
+
+
 def _per_seed(res: dict, seed: int) -> dict:
     """One seed's paired comparisons: sasrec vs each baseline overall, sasrec's lead over the better baseline per
     history-length bucket (better by that bucket's mean), and each model's NDCG@10 over popularity's."""
@@ -111,7 +133,9 @@ def _per_seed(res: dict, seed: int) -> dict:
     users = {n: r["runs"][seed % len(r["runs"])]["user_ndcg"] for n, r in res["models"].items()}
     hist = res["test_history_len"]
     out = {"seed": seed, "vs": {n: _paired(users["sasrec"], users[n]) for n in BASELINES}, "leads": [],
-           "over_pop": {n: mean(users[n]) / max(mean(users["pop"]), 1e-12) for n in ("sasrec", "gru4rec")}}
+           "over_pop": {n: mean(users[n]) / max(mean(users["pop"]), 1e-12) for n in ("sasrec", "gru4rec")},
+           "plateau": {n: _plateau(res["models"][n]["runs"][seed % len(res["models"][n]["runs"])])
+                       for n in ("sasrec", "gru4rec")}}
     for lo, hi in zip(BUCKET_EDGES, BUCKET_EDGES[1:] + (None,)):
         sel = [i for i, h in enumerate(hist) if h >= lo and (hi is None or h < hi)]
         if not sel:
@@ -146,6 +170,9 @@ def measure(scale: str, device: str) -> dict:
                                     "ndcg": [r["runs"][i % len(r["runs"])]["buckets"][j]["ndcg"] for i in range(n)]}
                                    for j, b in enumerate(r["runs"][0]["buckets"])]
         models[name]["train_s"] = [run["train_s"] for run in r["runs"]]
+        if name in ("sasrec", "gru4rec"):
+            models[name]["epochs"] = [run.get("epochs") for run in r["runs"]]
+            models[name]["best_epoch"] = [run.get("best_epoch") for run in r["runs"]]
     return {"source": "ml-100k" if wheel else "synthetic", "data": res["data"], "protocol": res["protocol"],
             "seeds": s["seeds"], "device": device, "models": models,
             "per_seed": [_per_seed(res, i) for i in range(s["seeds"])]}
@@ -161,6 +188,10 @@ def _beyond(p: dict) -> bool | None:
 def _conditions(s: dict) -> list[dict]:
     conds = [condition(f"{n} NDCG@10 / popularity's", s["over_pop"][n], f">= {LEARNED:g}x",
                        s["over_pop"][n] >= LEARNED, f"{s['over_pop'][n]:.2f}x") for n in ("sasrec", "gru4rec")]
+    for n in ("sasrec", "gru4rec"):
+        p = s.get("plateau", {}).get(n)
+        conds.append(condition(f"{n}'s epochs after its best validation epoch", p, f">= {PLATEAU} (it had stopped "
+                               "improving)", p is not None and p >= PLATEAU, "not recorded" if p is None else str(p)))
     big = [b for b in s["leads"] if b["users"] >= MIN_USERS]
     conds.append(condition(f"history-length buckets with >= {MIN_USERS} users", len(big), ">= 2", len(big) >= 2))
     return conds
