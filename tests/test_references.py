@@ -83,9 +83,6 @@ def test_every_claim_states_its_regime():
     assert not missing, f"claims without a REGIME (where the claim applies, stated before measuring): {missing}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "reports/cpu-full (b76655b) predates the independent read's changes to claims 1, 3, 8, 10, 12, 13, 17 and 18; it "
-    "is regenerated at the commit that makes them (strict: once it is current, this marker must go)"))
 def test_reference_report_matches_the_code_its_claims_run():
     results = json.loads(REFERENCE.read_text())
     assert reference_status(results["context"])["usable"], "the reference report was written from a dirty tree"
