@@ -132,6 +132,41 @@ def run_hf_generate_batch(
     }
 
 
+def run_hf_generate(folder: str, prompts: list[list[int]], max_new_tokens: int) -> dict:
+    """Time one plain batched `model.generate` over all prompts (static batching: left-padded with an attention mask,
+    DynamicCache, sdpa), greedy, fp32, every request exactly max_new_tokens (EOS stopping off), after a small warm-up
+    call. On prompts that all arrive at once this is HF's faster CPU path (the module docstring's figures), so a
+    benchmark reports against it beside generate_batch. Outputs in prompt order."""
+    import transformers
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+    pad = 0
+    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                                  pad_token_id=pad, eos_token_id=None)
+
+    def call(batch: list[list[int]], n: int) -> list[list[int]]:
+        width = max(map(len, batch))
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in batch])  # (B, width), padded on the left
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config, max_new_tokens=n,
+                                 min_new_tokens=n)
+        return out[:, width:].tolist()
+
+    call([p[:16] for p in prompts[:2]], 4)  # warm-up: prefill and decode once, first-call costs excluded
+    t = time.perf_counter()
+    outputs = call(prompts, max_new_tokens)
+    wall = time.perf_counter() - t
+    if any(len(o) != max_new_tokens for o in outputs):
+        raise RuntimeError(f"expected {max_new_tokens} tokens per request, got {sorted(set(map(len, outputs)))}")
+    n_tokens = sum(map(len, outputs))
+    return {"wall_s": wall, "output_tokens": n_tokens, "tok_per_s": n_tokens / wall, "outputs": outputs,
+            "settings": {"path": "generate", "attn_implementation": "sdpa", "cache": "DynamicCache",
+                         "padding": "left"},
+            "threads": torch.get_num_threads(), "transformers": transformers.__version__}
+
+
 def build_random_gpt2(folder: str, seed: int = 0) -> str:
     """GPT-2 small's shape with random weights, built offline and saved as safetensors."""
     from transformers import GPT2Config, GPT2LMHeadModel

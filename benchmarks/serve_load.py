@@ -9,14 +9,19 @@ attnlab.serve.loadgen in this process, timed by its clock (time.perf_counter).
 b. Continuous batching: 16 requests (128-token prompts, 64 output tokens, ignore_eos, greedy) sent at once
    (concurrency 16) vs one at a time (concurrency 1); aggregate output tok/s = tokens / (first send -> last
    stream end). Target >= 4x.
-c. HTTP overhead: the same 16 at once, through the server vs the engine driven in this process: the
-   Engine built with the server's settings (paged pool, max_batch, prefill_chunk, tokenizer), 16
-   requests added, stepped until done in a thread of its own (as the server's engine thread), tokens /
+c. HTTP overhead, at 64 clients (Sizes.peers): 64 requests at once through the server vs the engine driven
+   directly: the Engine built with the server's settings (paged pool, max_batch, prefill_chunk, tokenizer),
+   the 64 requests added, stepped until done in a thread of its own (as the server's engine thread), tokens /
    (submit -> last token). Target >= 90%.
-d. Hugging Face: benchmarks/hf_continuous.run_hf_generate_batch on the same folder and prompts (its own
-   wall_s, generation only; the wall of the whole call is recorded too), also in a thread of its own. Target:
-   server >= 1.5x.
-   b-d run in rounds, each round in another order (server c16, server c1, engine, HF rotated).
+d. The peers, on the same 64 prompts, each at its strongest batched path: Hugging Face's continuous batching
+   (hf_continuous.run_hf_generate_batch) and its plain batched generate (hf_continuous.run_hf_generate, the faster
+   of the two on prompts that arrive together), each timed on the generation call alone (the wall of the whole
+   call is recorded too), and CTranslate2's generate_batch over the same weights (its own converter; skipped
+   where CTranslate2 is not installed: pip install -e '.[bench]'). Target: server >= 1.5x the faster HF path in
+   the same round; the server's ratio to CTranslate2 is reported. Greedy outputs of the engine, both HF paths and
+   CTranslate2 are compared on the same prompts.
+   b-d run in rounds, each round in another order. c and d share one fresh prompt set per round: the server, the
+   engine and each peer run in processes of their own, so no side can serve another's prompt from its cache.
 e. Chunked prefill: 16 streams (128-token prompts, 256 outputs); once every stream has 20 tokens a
    1,000-token prompt (16 outputs) arrives. Longest gap between two tokens of any stream while that prompt is
    prefilled (a gap ending after it was sent and starting before its first token), and p95 TPOT of the 16,
@@ -63,7 +68,8 @@ class Sizes:
     model: dict  # preset("gpt2", **model)
     max_batch: int
     kv_blocks: int
-    n: int = 16  # b-d: requests
+    n: int = 16  # b: requests
+    peers: int = 64  # c-d: requests at once
     prompt: int = 128
     out: int = 64
     streams: int = 16  # e
@@ -77,9 +83,9 @@ class Sizes:
     min_requests: int = 16  # f: requests per row = max(min_requests, 2N)
 
 
-FULL = Sizes(model={}, max_batch=32, kv_blocks=1024)
+FULL = Sizes(model={}, max_batch=64, kv_blocks=1024)
 QUICK = Sizes(model=dict(vocab_size=512, dim=64, n_layers=2, n_heads=4, max_seq_len=256), max_batch=8, kv_blocks=128,
-              n=4, prompt=32, out=16, streams=4, stream_prompt=32, stream_out=48, trigger=8, long_prompt=232,
+              n=4, peers=6, prompt=32, out=16, streams=4, stream_prompt=32, stream_out=48, trigger=8, long_prompt=232,
               long_out=8, chunks=(32, 64), clients=(1, 4), min_requests=4)
 
 
@@ -126,15 +132,15 @@ def in_engine(engine, ps: list[list[int]], out: int) -> dict:
     from attnlab.engine.request import Request
 
     t0 = time.perf_counter()
-    for p in ps:
-        engine.add(Request(p, out))
-    results = []
+    ids = [engine.add(Request(p, out)) for p in ps]
+    results = {}
     while engine.has_work:
-        results += [e.result for e in engine.step() if e.done]
+        results.update({e.id: e.result for e in engine.step() if e.done})
     wall = time.perf_counter() - t0
-    tokens = sum(len(r.tokens) for r in results)
+    tokens = sum(len(r.tokens) for r in results.values())
     return {"tok_per_s": tokens / wall, "wall_s": wall, "output_tokens": tokens,
-            "cached_tokens": sum(r.cached_tokens for r in results)}
+            "cached_tokens": sum(r.cached_tokens for r in results.values()),
+            "outputs": [list(results[i].tokens) for i in ids]}
 
 
 def in_thread(fn, *args):
@@ -163,19 +169,31 @@ def through_hf(hf_fn, folder: str, ps: list[list[int]], out: int) -> dict:
     outer = time.perf_counter() - t0
     return {"tok_per_s": res["output_tokens"] / res["wall_s"], "wall_s": res["wall_s"], "call_wall_s": outer,
             "output_tokens": res["output_tokens"],
-            **{k: v for k, v in res.items() if k not in ("outputs", "wall_s", "output_tokens", "tok_per_s")}}
+            **{k: v for k, v in res.items() if k not in ("wall_s", "output_tokens", "tok_per_s")}}
 
 
-def load_hf_baseline():
-    try:
-        from hf_continuous import run_hf_generate_batch
-    except ImportError as e:
-        return None, f"skipped: hf_continuous.py missing ({e})"
-    return run_hf_generate_batch, None
+def through_ct2(generate, ps: list[list[int]], out: int) -> dict:
+    t0 = time.perf_counter()
+    outputs = generate(ps, out)
+    wall = time.perf_counter() - t0
+    tokens = sum(map(len, outputs))
+    return {"tok_per_s": tokens / wall, "wall_s": wall, "output_tokens": tokens, "outputs": outputs}
+
+
+PEERS = ("hf_generate_batch", "hf_generate", "ctranslate2")
+
+
+def peer_missing(side: str) -> str | None:
+    """Why a peer cannot run here (its library is not installed), or None."""
+    import importlib.util
+
+    library = "ctranslate2" if side == "ctranslate2" else "transformers"
+    return None if importlib.util.find_spec(library) else \
+        f"skipped: {library} is not installed (pip install -e '.[bench]')"
 
 
 class SideProcess:
-    """The engine (or HF) driven directly, in a process of its own, like the server: a side run inside this
+    """The engine (or a peer) driven directly, in a process of its own, like the server: a side run inside this
     process shared it with the load generator and the other in-process side (measured: the server right after
     an in-process side ran at 90-95 tok/s, first in its round at 112), so each side gets a warm process that
     takes prompts on stdin and answers its measurement on stdout."""
@@ -214,10 +232,21 @@ def side_main(args, sz: Sizes) -> None:
         engine = Engine(served.model, cfg.engine_config(served.model.cache_dtype),
                         served.tokenizer)  # the server's engine, its text included
         run = lambda ps, out: in_thread(in_engine, engine, ps, out)  # noqa: E731 (as the server's thread)
+    elif args.side == "ctranslate2":
+        import shutil
+
+        from vs_ctranslate2 import convert_for_ct2, ct2_side, save_word_tokenizer
+
+        with tempfile.TemporaryDirectory() as copy:  # the served folder is left as it is
+            folder = shutil.copytree(args.folder, Path(copy) / "model")
+            save_word_tokenizer(str(folder), json.loads((folder / "config.json").read_text())["vocab_size"])
+            generate = ct2_side(convert_for_ct2(str(folder)), "fp32", args.threads)
+        run = lambda ps, out: in_thread(through_ct2, generate, ps, out)  # noqa: E731
     else:
-        hf_fn, skip = load_hf_baseline()
-        if hf_fn is None:
-            raise SystemExit(skip)
+        import hf_continuous
+
+        hf_fn = hf_continuous.run_hf_generate_batch if args.side == "hf_generate_batch" else \
+            hf_continuous.run_hf_generate
         run = lambda ps, out: in_thread(through_hf, hf_fn, args.folder, ps, out)  # noqa: E731
     for line in sys.stdin:
         req = json.loads(line)
@@ -229,47 +258,62 @@ def side_main(args, sz: Sizes) -> None:
 
 
 def throughput_section(args, sz: Sizes, url: str, folder: str, vocab: int) -> dict:
-    hf_fn, hf_skip = load_hf_baseline()
-    engine = SideProcess("engine", args, sz, folder)
-    hf = SideProcess("hf", args, sz, folder) if hf_fn is not None else None
-    sides = {"server_c16": lambda ps: through_server(url, ps, sz.out, sz.n, vocab),
-             "server_c1": lambda ps: through_server(url, ps, sz.out, 1, vocab),
-             "engine": lambda ps: engine(ps, sz.out)}
-    if hf is not None:
-        sides["hf"] = lambda ps: hf(ps, sz.out)
+    """b (batching: 16 requests at once vs one at a time) and c-d (the server, the engine and the peers on the same
+    64 prompts), in rounds of rotating order."""
+    skipped = {side: why for side in PEERS if (why := peer_missing(side))}
+    procs = {side: SideProcess(side, args, sz, folder) for side in ("engine", *PEERS) if side not in skipped}
+    many = f"server_c{sz.peers}"
     warm = prompts(999, 2, sz.prompt, vocab)  # warm every path (not timed)
     through_server(url, warm, 4, 2, vocab)
-    engine(warm, 4)
     errors = {}
-    if hf is not None:
+    for side, proc in list(procs.items()):
         try:
-            hf(warm, 4)
-        except Exception as e:  # a failure is recorded, the rest goes on
-            errors["hf"] = f"{type(e).__name__}: {e}"
-            del sides["hf"]
+            proc(warm, 4)
+        except Exception as e:  # a peer that fails is recorded, the rest goes on
+            if side == "engine":
+                raise
+            errors[side] = f"{type(e).__name__}: {e}"
+            proc.close()
+            del procs[side]
+    sides = {"server_c16": (sz.n, lambda ps: through_server(url, ps, sz.out, sz.n, vocab)),
+             "server_c1": (sz.n, lambda ps: through_server(url, ps, sz.out, 1, vocab)),
+             many: (sz.peers, lambda ps: through_server(url, ps, sz.out, sz.peers, vocab)),
+             **{side: (sz.peers, lambda ps, proc=proc: proc(ps, sz.out)) for side, proc in procs.items()}}
     runs = {name: [] for name in sides}
+    agree = []  # per round: share of the peers' sequences equal to the engine's, token for token
     names = list(sides)
     for r in range(args.rounds):
-        for i, name in enumerate(names[r % len(names):] + names[:r % len(names)]):
-            ps = prompts(1000 * (r + 1) + names.index(name), sz.n, sz.prompt, vocab)  # fresh for every run
-            runs[name].append(sides[name](ps))
-            print(f"  round {r + 1} {name:10s} {runs[name][-1]['tok_per_s']:8.1f} tok/s", flush=True)
+        shared = prompts(1000 * (r + 1), sz.peers, sz.prompt, vocab)  # c-d: one fresh set per round
+        outputs = {}
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            n, run = sides[name]
+            ps = shared if n == sz.peers else prompts(1000 * (r + 1) + 1 + names.index(name), n, sz.prompt, vocab)
+            res = run(ps)
+            if "outputs" in res:
+                outputs[name] = res.pop("outputs")
+            runs[name].append(res)
+            print(f"  round {r + 1} {name:18s} {res['tok_per_s']:8.1f} tok/s", flush=True)
+        agree.append({peer: sum(a == b for a, b in zip(outputs[peer], outputs["engine"])) / sz.peers
+                      for peer in outputs if peer != "engine"})
     rate = {name: [x["tok_per_s"] for x in v] for name, v in runs.items()}
 
-    def ratio(a: str, b: str) -> dict:
-        return summarize([x / y for x, y in zip(rate[a], rate[b])])
+    def ratio(a: str, b: str | list) -> dict:  # per round; b: a side, or sides whose fastest counts that round
+        theirs = [max(xs) for xs in zip(*(rate[x] for x in ([b] if isinstance(b, str) else b)))]
+        return summarize([x / y for x, y in zip(rate[a], theirs)])
 
-    out = {"runs": runs, "tok_per_s": {k: summarize(v) for k, v in rate.items()},
+    hf = [side for side in ("hf_generate_batch", "hf_generate") if side in rate]
+    out = {"runs": runs, "tok_per_s": {k: summarize(v) for k, v in rate.items()}, "peers_requests": sz.peers,
            "batching_c16_over_c1": ratio("server_c16", "server_c1"),
-           "server_over_engine": ratio("server_c16", "engine")}
-    out["hf"] = {"status": "ran", "server_over_hf": ratio("server_c16", "hf")} if "hf" in rate else \
-        {"status": hf_skip or f"failed: {errors.get('hf')}"}
-    engine.close()
-    if hf is not None:
-        hf.close()
-    out["expected_output_tokens"] = sz.n * sz.out
-    out["all_runs_complete"] = all(x["output_tokens"] == sz.n * sz.out and not x.get("failed")
-                                   for v in runs.values() for x in v)
+           "server_over_engine": ratio(many, "engine"),
+           "peers": {side: {"status": "ran", f"{many}_over": ratio(many, side)} if side in rate else
+                     {"status": skipped.get(side) or f"failed: {errors.get(side)}"} for side in PEERS},
+           "greedy_sequences_equal_to_engine": {peer: summarize([a[peer] for a in agree]) for peer in agree[0]}}
+    if hf:
+        out["server_over_strongest_hf"] = ratio(many, hf)
+    for proc in procs.values():
+        proc.close()
+    out["all_runs_complete"] = all(x["output_tokens"] == sides[name][0] * sz.out and not x.get("failed")
+                                   for name, v in runs.items() for x in v)
     return out
 
 
@@ -373,9 +417,9 @@ def load_table(sz: Sizes, url: str, vocab: int) -> list[dict]:
 
 def targets(tp: dict, ch: dict, sz: Sizes) -> dict:
     t = {"batching_c16_ge_4x_c1": tp["batching_c16_over_c1"]["median"] >= 4,
-         "server_ge_90pct_of_engine": tp["server_over_engine"]["median"] >= 0.9,
-         "server_ge_1.5x_hf": tp["hf"]["server_over_hf"]["median"] >= 1.5 if "server_over_hf" in tp["hf"]
-         else tp["hf"]["status"]}
+         f"server_c{sz.peers}_ge_90pct_of_engine": tp["server_over_engine"]["median"] >= 0.9,
+         f"server_c{sz.peers}_ge_1.5x_strongest_hf": tp["server_over_strongest_hf"]["median"] >= 1.5
+         if "server_over_strongest_hf" in tp else "not measured: " + tp["peers"]["hf_generate"]["status"]}
     for c in sz.chunks:
         m = ch["median"][str(c)]
         t[f"chunk{c}_max_gap_le_quarter_of_unchunked"] = m["max_gap_over_unchunked"] <= 0.25 \
@@ -394,7 +438,7 @@ def main() -> None:
                    help="the b-d and f server's --prefill-chunk, and the in-process engine's (0: whole prompts)")
     p.add_argument("--quick", action="store_true", help="a tiny model and a few requests: a smoke test")
     p.add_argument("--out", help="default benchmarks/results/serve_load.json (--quick: in the temp folder)")
-    p.add_argument("--side", choices=("engine", "hf"), help=argparse.SUPPRESS)  # a child: one side, driven directly
+    p.add_argument("--side", choices=("engine", *PEERS), help=argparse.SUPPRESS)  # a child: one side, driven directly
     p.add_argument("--folder", help=argparse.SUPPRESS)
     args = p.parse_args()
     set_threads(args.threads)
@@ -412,8 +456,10 @@ def main() -> None:
                            "engine": {"max_batch": sz.max_batch, "kv_blocks": sz.kv_blocks, "block_size": 16,
                                       "prefill_chunk": args.prefill_chunk or None,
                                       "process": "its own (stepped in a thread, as the server's engine)"},
-                           "hf": "benchmarks/hf_continuous.run_hf_generate_batch(folder, prompts, new_tokens), "
-                                 "in a process of its own"}}
+                           "peers": {"hf_generate_batch": "benchmarks/hf_continuous.run_hf_generate_batch",
+                                     "hf_generate": "benchmarks/hf_continuous.run_hf_generate",
+                                     "ctranslate2": "benchmarks/vs_ctranslate2.ct2_side (fp32, generate_batch)",
+                                     "process": "each its own"}}}
     peak0, bw0 = matmul_peak_flops(), memory_bandwidth()
     with tempfile.TemporaryDirectory() as folder:
         result["model"] = build_folder(sz, folder)
@@ -428,10 +474,10 @@ def main() -> None:
     result["calibration"] = {"matmul_peak_flops": [peak0, matmul_peak_flops()],
                              "bandwidth_bytes_per_s": [bw0, memory_bandwidth()]}
     result["targets"] = targets(tp, ch, sz)
-    hf = tp["hf"]
-    print(f"c16 / c1 {tp['batching_c16_over_c1']['median']:.2f}x; server / engine "
-          f"{tp['server_over_engine']['median']:.1%}; server / HF "
-          + (f"{hf['server_over_hf']['median']:.2f}x" if "server_over_hf" in hf else hf["status"]))
+    print(f"c16 / c1 {tp['batching_c16_over_c1']['median']:.2f}x; server / engine at {sz.peers} "
+          f"{tp['server_over_engine']['median']:.1%}; " + "; ".join(
+              f"server / {side} " + (f"{v[f'server_c{sz.peers}_over']['median']:.2f}x" if v["status"] == "ran"
+                                     else v["status"]) for side, v in tp["peers"].items()))
     print("targets:", result["targets"])
     print(f"wrote {write_json(out_path, result)}")
 

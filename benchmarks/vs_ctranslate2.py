@@ -44,18 +44,35 @@ CT2_TYPES = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16"}
 
 def gpt2_folder(quick: bool) -> tuple[str, int]:
     """A random GPT-2 (small, or tiny with --quick) saved with a word-level tokenizer: (folder, vocab size)."""
-    from tokenizers import Tokenizer, models
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=1024, n_layer=2, n_embd=64, n_head=4, n_positions=1024,
                      bos_token_id=1023, eos_token_id=1023) if quick else GPT2Config()
     folder = tempfile.mkdtemp(prefix="vs_ct2_")
     GPT2LMHeadModel(cfg).eval().save_pretrained(folder)
-    end = f"t{cfg.eos_token_id}"
-    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(cfg.vocab_size)}, unk_token=end))
-    PreTrainedTokenizerFast(tokenizer_object=words, bos_token=end, eos_token=end, unk_token=end).save_pretrained(folder)
+    save_word_tokenizer(folder, cfg.vocab_size)
     return folder, cfg.vocab_size
+
+
+def save_word_tokenizer(folder: str, vocab: int) -> None:
+    """Write a word-level tokenizer into ``folder`` (token i is "t<i>", the last token ends text): CTranslate2's
+    converter reads the vocabulary from a tokenizer, and its generator takes tokens as strings."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    end = f"t{vocab - 1}"
+    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token=end))
+    PreTrainedTokenizerFast(tokenizer_object=words, bos_token=end, eos_token=end, unk_token=end).save_pretrained(folder)
+
+
+def convert_for_ct2(folder: str) -> str:
+    """``folder`` (a Hugging Face GPT-2 with a tokenizer) converted by CTranslate2's own converter: its directory."""
+    from ctranslate2.converters import TransformersConverter
+
+    ct2_dir = str(Path(tempfile.mkdtemp(prefix="vs_ct2_out_")) / "model")
+    TransformersConverter(folder).convert(ct2_dir, force=True)
+    return ct2_dir
 
 
 def generation_flops(nonembed: int, n_layers: int, dim: int, vocab: int, prompt: int, new: int) -> float:
@@ -90,11 +107,8 @@ def attnlab_side(model):
 
 
 def measure(args, dtypes: list[str]) -> dict:
-    from ctranslate2.converters import TransformersConverter
-
     folder, vocab = gpt2_folder(args.quick)
-    ct2_dir = str(Path(tempfile.mkdtemp(prefix="vs_ct2_out_")) / "model")
-    TransformersConverter(folder).convert(ct2_dir, force=True)
+    ct2_dir = convert_for_ct2(folder)
     base, cfg, _, _ = load_hf(folder)
     g = torch.Generator().manual_seed(1)
     short = 128 if args.quick else 512
@@ -180,7 +194,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/vs_ctranslate2.json")
     args = ap.parse_args()
     try:
-        import ctranslate2  # noqa: F401
+        import ctranslate2
     except ImportError:
         raise SystemExit("CTranslate2 is not installed: python -m pip install -e '.[bench]'") from None
     if args.quick:
@@ -201,8 +215,6 @@ def main() -> None:
                     for name, row in rows.items() if name.startswith("batch_")})
     targets.update({f"{name}_ge_90pct_of_bandwidth_bound": row["attnlab_share_of_bound"] >= 0.9
                     for name, row in rows.items() if name.startswith("decode_")})
-    import ctranslate2
-
     out = {"benchmark": "vs_ctranslate2", "context": context(), "ctranslate2": ctranslate2.__version__,
            "quick": args.quick, "rounds": args.rounds, "threads": args.threads, "dtypes": dtypes,
            "clock": "time.perf_counter() read by the benchmark around each whole call, on both sides",

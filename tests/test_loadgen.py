@@ -135,7 +135,12 @@ def test_serve_load_benchmark_quick(tmp_path):
                        timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
-    assert res["throughput"]["all_runs_complete"] and res["context"]["threads"] == 2
+    tp = res["throughput"]
+    assert tp["all_runs_complete"] and res["context"]["threads"] == 2
+    assert tp["peers"]["hf_generate"]["status"] == tp["peers"]["hf_generate_batch"]["status"] == "ran"
+    # both HF paths greedy, fp32, on the engine's prompts: the same tokens, sequence for sequence
+    assert tp["greedy_sequences_equal_to_engine"]["hf_generate"]["min"] == 1.0
+    assert tp["greedy_sequences_equal_to_engine"]["hf_generate_batch"]["min"] == 1.0
     assert {row["clients"] for row in res["load_table"]} == {1, 4}
     assert all(row["failed"] == 0 and row["cached_tokens"] == 0 for row in res["load_table"])
     assert set(res["chunked_prefill"]["median"]) == {"0", "32", "64"}
