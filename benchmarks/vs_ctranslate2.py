@@ -8,8 +8,9 @@ The weights: Hugging Face's GPT-2 small built at random (seed 0) and saved with 
 converts it, and CTranslate2 quantizes on load (``compute_type``), as its users run it.
 
 Rows: batch-1 decode after a 512-token prompt (ms per token) and the TTFT of that prompt; batched generation of
-16 and of 64 prompts of 128 tokens, 64 new tokens each (output tokens per second); in fp32 and, where bf16 is native,
-int8 (``--dtypes`` adds bf16). Each side runs its strongest CPU path: CTranslate2's ``generate_batch`` with the prompt
+16 and of 64 prompts of 128 tokens, 64 new tokens each (output tokens per second); in each of fp32, int8 and bf16 that
+both sides run natively here (attnlab's int8 needs native bf16 activations; CTranslate2 lists its compute types).
+Each side runs its strongest CPU path: CTranslate2's ``generate_batch`` with the prompt
 forwarded at once (``include_prompt_in_result=False``) and greedy search; attnlab's ``generate`` (the engine) with
 its weights laid out for the rows a call decodes.
 
@@ -188,8 +189,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32, help="decode tokens timed after the batch-1 prompt")
     ap.add_argument("--batch-new-tokens", type=int, default=64)
     ap.add_argument("--batches", default="16,64")
-    ap.add_argument("--dtypes", help="comma-separated from fp32,int8,bf16 (default: fp32, and int8 where "
-                                     "attnlab.runtime finds bf16 native)")
+    ap.add_argument("--dtypes", help="comma-separated from fp32,int8,bf16 (default: each that both sides run natively "
+                                     "here: attnlab.runtime's fast dtypes and CTranslate2's compute types)")
     ap.add_argument("--quick", action="store_true", help="smoke run: a tiny GPT-2, 2 rounds, few tokens")
     ap.add_argument("--out", default="benchmarks/results/vs_ctranslate2.json")
     args = ap.parse_args()
@@ -202,7 +203,13 @@ def main() -> None:
     args.batches = [int(b) for b in args.batches.split(",")]
     set_threads(args.threads)
     native = fast_dtypes("cpu")
-    dtypes = [d.strip() for d in args.dtypes.split(",")] if args.dtypes else [d for d in ("fp32", "int8") if d in native]
+    theirs = ctranslate2.get_supported_compute_types("cpu")
+    both = [d for d in ("fp32", "int8", "bf16") if d in native and CT2_TYPES[d] in theirs]  # native on both sides
+    dtypes = [d.strip() for d in args.dtypes.split(",")] if args.dtypes else both
+    if set(dtypes) - set(both):
+        raise SystemExit(f"--dtypes {','.join(sorted(set(dtypes) - set(both)))}: not native here on both sides "
+                         f"(attnlab: {', '.join(native)}; CTranslate2 {ctranslate2.__version__}: "
+                         f"{', '.join(sorted(theirs))}); choose from {','.join(both)}")
     peak0, bw0 = matmul_peak_flops(), memory_bandwidth()
     m = measure(args, dtypes)
     peak1, bw1 = matmul_peak_flops(), memory_bandwidth()
