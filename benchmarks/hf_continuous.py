@@ -142,16 +142,15 @@ def run_hf_generate(folder: str, prompts: list[list[int]], max_new_tokens: int) 
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
     pad = 0
-    gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                                  pad_token_id=pad, eos_token_id=None)
 
     def call(batch: list[list[int]], n: int) -> list[list[int]]:
         width = max(map(len, batch))
         ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in batch])  # (B, width), padded on the left
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        config = GenerationConfig(do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=pad,
+                                  eos_token_id=None)  # every option in the config: generate warns on a mix
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config, max_new_tokens=n,
-                                 min_new_tokens=n)
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         return out[:, width:].tolist()
 
     call([p[:16] for p in prompts[:2]], 4)  # warm-up: prefill and decode once, first-call costs excluded
