@@ -43,12 +43,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,6 +54,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import context, matmul_peak_flops, memory_bandwidth, set_threads, summarize, write_json  # noqa: E402
+
+from serve_sides import PEERS, SideProcess, peer_missing  # noqa: E402
 
 from attnlab.serve.launch import LaunchedServer  # noqa: E402
 from attnlab.serve.loadgen import (Lengths, LoadSpec, Request, make_requests, new_client, percentile,  # noqa: E402
@@ -127,141 +126,12 @@ def through_server(url: str, ps: list[list[int]], out: int, concurrency: int, vo
             "ttft_p50_s": res["ttft_s"]["p50"], "tpot_p50_s": res["tpot_s"]["p50"]}
 
 
-def in_engine(engine, ps: list[list[int]], out: int) -> dict:
-    """The server's engine without HTTP: add every request at once, step until done (as the worker does)."""
-    from attnlab.engine.request import Request
-
-    t0 = time.perf_counter()
-    ids = [engine.add(Request(p, out)) for p in ps]
-    results = {}
-    while engine.has_work:
-        results.update({e.id: e.result for e in engine.step() if e.done})
-    wall = time.perf_counter() - t0
-    tokens = sum(len(r.tokens) for r in results.values())
-    return {"tok_per_s": tokens / wall, "wall_s": wall, "output_tokens": tokens,
-            "cached_tokens": sum(r.cached_tokens for r in results.values()),
-            "outputs": [list(results[i].tokens) for i in ids]}
-
-
-def in_thread(fn, *args):
-    """Run fn in a fresh thread, as the server runs its engine: on a loaded machine torch ops issued from the
-    main thread ran up to 30x slower here (OpenMP's spin-waiting team), so every in-process side runs like the
-    server's engine thread does."""
-    out: list = []
-
-    def target() -> None:
-        try:
-            out.append(fn(*args))
-        except Exception as e:  # re-raised in the caller
-            out.append(e)
-
-    t = threading.Thread(target=target, name="bench-side")
-    t.start()
-    t.join()
-    if isinstance(out[0], Exception):
-        raise out[0]
-    return out[0]
-
-
-def through_hf(hf_fn, folder: str, ps: list[list[int]], out: int) -> dict:
-    t0 = time.perf_counter()
-    res = hf_fn(folder, ps, out)
-    outer = time.perf_counter() - t0
-    return {"tok_per_s": res["output_tokens"] / res["wall_s"], "wall_s": res["wall_s"], "call_wall_s": outer,
-            "output_tokens": res["output_tokens"],
-            **{k: v for k, v in res.items() if k not in ("wall_s", "output_tokens", "tok_per_s")}}
-
-
-def through_ct2(generate, ps: list[list[int]], out: int) -> dict:
-    t0 = time.perf_counter()
-    outputs = generate(ps, out)
-    wall = time.perf_counter() - t0
-    tokens = sum(map(len, outputs))
-    return {"tok_per_s": tokens / wall, "wall_s": wall, "output_tokens": tokens, "outputs": outputs}
-
-
-PEERS = ("hf_generate_batch", "hf_generate", "ctranslate2")
-
-
-def peer_missing(side: str) -> str | None:
-    """Why a peer cannot run here (its library is not installed), or None."""
-    import importlib.util
-
-    library = "ctranslate2" if side == "ctranslate2" else "transformers"
-    return None if importlib.util.find_spec(library) else \
-        f"skipped: {library} is not installed (pip install -e '.[bench]')"
-
-
-class SideProcess:
-    """The engine (or a peer) driven directly, in a process of its own, like the server: a side run inside this
-    process shared it with the load generator and the other in-process side (measured: the server right after
-    an in-process side ran at 90-95 tok/s, first in its round at 112), so each side gets a warm process that
-    takes prompts on stdin and answers its measurement on stdout."""
-
-    def __init__(self, side: str, args, sz: Sizes, folder: str):
-        cmd = [sys.executable, __file__, "--side", side, "--folder", folder, "--threads", str(args.threads),
-               "--prefill-chunk", str(args.prefill_chunk)] + (["--quick"] if args.quick else [])
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def __call__(self, ps: list[list[int]], out: int) -> dict:
-        self.proc.stdin.write(json.dumps({"prompts": ps, "out": out}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the side process exited with {self.proc.wait()}")
-        res = json.loads(line)
-        if "error" in res:
-            raise RuntimeError(res["error"])
-        return res
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(60)
-
-
-def side_main(args, sz: Sizes) -> None:
-    """Child: serve measurements of one side until stdin closes (results as JSON lines on stdout)."""
-    if args.side == "engine":
-        from attnlab.engine.engine import Engine
-        from attnlab.serve.config import ServeConfig
-        from attnlab.serve.server import load_served
-
-        served = load_served(args.folder, max_batch=sz.max_batch)  # the server's loading path: same layout
-        cfg = ServeConfig(max_batch=sz.max_batch, kv_blocks=sz.kv_blocks, prefill_chunk=args.prefill_chunk or None,
-                          calibrate=False)
-        engine = Engine(served.model, cfg.engine_config(served.model.cache_dtype),
-                        served.tokenizer)  # the server's engine, its text included
-        run = lambda ps, out: in_thread(in_engine, engine, ps, out)  # noqa: E731 (as the server's thread)
-    elif args.side == "ctranslate2":
-        import shutil
-
-        from vs_ctranslate2 import convert_for_ct2, ct2_side, save_word_tokenizer
-
-        with tempfile.TemporaryDirectory() as copy:  # the served folder is left as it is
-            folder = shutil.copytree(args.folder, Path(copy) / "model")
-            save_word_tokenizer(str(folder), json.loads((folder / "config.json").read_text())["vocab_size"])
-            generate = ct2_side(convert_for_ct2(str(folder)), "fp32", args.threads)
-        run = lambda ps, out: in_thread(through_ct2, generate, ps, out)  # noqa: E731
-    else:
-        import hf_continuous
-
-        hf_fn = hf_continuous.run_hf_generate_batch if args.side == "hf_generate_batch" else \
-            hf_continuous.run_hf_generate
-        run = lambda ps, out: in_thread(through_hf, hf_fn, args.folder, ps, out)  # noqa: E731
-    for line in sys.stdin:
-        req = json.loads(line)
-        try:
-            res = run(req["prompts"], req["out"])
-        except Exception as e:  # reported to the parent, which records it
-            res = {"error": f"{type(e).__name__}: {e}"}
-        print(json.dumps(res), flush=True)
-
-
 def throughput_section(args, sz: Sizes, url: str, folder: str, vocab: int) -> dict:
     """b (batching: 16 requests at once vs one at a time) and c-d (the server, the engine and the peers on the same
     64 prompts), in rounds of rotating order."""
     skipped = {side: why for side in PEERS if (why := peer_missing(side))}
-    procs = {side: SideProcess(side, args, sz, folder) for side in ("engine", *PEERS) if side not in skipped}
+    procs = {side: SideProcess(side, folder, args.threads, args.prefill_chunk, sz.max_batch, sz.kv_blocks)
+             for side in ("engine", *PEERS) if side not in skipped}
     many = f"server_c{sz.peers}"
     warm = prompts(999, 2, sz.prompt, vocab)  # warm every path (not timed)
     through_server(url, warm, 4, 2, vocab)
@@ -438,14 +308,9 @@ def main() -> None:
                    help="the b-d and f server's --prefill-chunk, and the in-process engine's (0: whole prompts)")
     p.add_argument("--quick", action="store_true", help="a tiny model and a few requests: a smoke test")
     p.add_argument("--out", help="default benchmarks/results/serve_load.json (--quick: in the temp folder)")
-    p.add_argument("--side", choices=("engine", *PEERS), help=argparse.SUPPRESS)  # a child: one side, driven directly
-    p.add_argument("--folder", help=argparse.SUPPRESS)
     args = p.parse_args()
     set_threads(args.threads)
     sz = QUICK if args.quick else FULL
-    if args.side:
-        side_main(args, sz)
-        return
     if args.quick:
         args.rounds, args.rounds_chunked = min(args.rounds, 2), 1
     out_path = args.out or (str(Path(tempfile.gettempdir()) / "serve_load_quick.json") if args.quick

@@ -12,8 +12,8 @@ Rows: batch-1 decode after a 512-token prompt (ms per token) and the TTFT of tha
 both sides run natively here (attnlab's int8 needs native bf16 activations; CTranslate2 lists its compute types).
 Each side runs its strongest CPU path: CTranslate2's ``generate_batch`` with the prompt
 forwarded at once (``include_prompt_in_result=False``) and greedy search; attnlab's ``generate`` (the engine) with
-its weights laid out for the rows a call decodes, and for batches its paged KV cache (chosen on other prompts: 64 x
-(128 in, 64 out) in fp32 ran at 245 tok/s paged against 205 with one contiguous cache, 16 at 205 against 203).
+its weights laid out for the rows a call decodes, and for batches its paged KV cache (the faster on other prompts
+than the ones reported: docs/measuring.md has the figures).
 
 The clock, one for both sides: time.perf_counter() read around each whole call (common.timed_call). TTFT is a call
 for one token; decode per token = (a call for n tokens - the call for one) / (n - 1). Every side runs every call
