@@ -179,7 +179,7 @@ def test_dense_and_int8_linears():
 
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float32])
 def test_int8_linear_many_rows_widen_the_weight_and_agree_with_int8pack(act, monkeypatch):
-    """From MANY_ROWS rows (a prefill) the int8 weight is widened for a dense GEMM: the product equals the
+    """From MANY_ROWS rows (a prefill) the int8 weight is widened and scaled for a dense GEMM: the product equals the
     dequantized weight's to within the activations' rounding, and int8pack's (the path below MANY_ROWS) alike."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 384)
@@ -189,7 +189,7 @@ def test_int8_linear_many_rows_widen_the_weight_and_agree_with_int8pack(act, mon
     exact = x.float() @ q.dequantized.T + q.bias.float()
     many = q(x)
     assert many.shape == (3, rows, 384) and many.dtype == act
-    ulp = 2 ** -7 if act == torch.bfloat16 else 1e-5  # two bf16 roundings (product, then scaled) at most
+    ulp = 2 ** -7 if act == torch.bfloat16 else 1e-5  # two bf16 roundings at most (the dequantized weight, the product)
     assert (many.float() - exact).abs().max() <= ulp * exact.abs().max()
     monkeypatch.setattr(Int8Linear, "MANY_ROWS", 10 ** 9)  # the same call through int8pack / the compiled kernel
     few = q(x)

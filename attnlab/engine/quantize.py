@@ -217,8 +217,8 @@ class Int8Linear(nn.Module):
 
     From ``MANY_ROWS`` rows (a prefill, a long verification) the weight is widened to the activations' dtype for
     the call and multiplied by the dense kernel (engine/many_rows' choice, oneDNN's AMX GEMM where the CPU has
-    it), the scale applied to the product: such a call is compute-bound, and int8pack's kernel is a vector loop, so
-    from a few dozen rows widening wins and below that int8pack does (docs/engine.md)."""
+    it), the scale applied to the widened weight: such a call is compute-bound, and int8pack's kernel is a vector loop,
+    so from a few dozen rows widening wins and below that int8pack does (docs/engine.md)."""
 
     CHUNK_ROWS = 8192
     MANY_ROWS = 32
@@ -261,10 +261,10 @@ class Int8Linear(nn.Module):
             return y.reshape(*shape[:-1], self.out_features)
         wide = self._widen_to(x2.dtype, x2.device) if x2.shape[0] >= self.MANY_ROWS else None
         try:
-            if wide is not None:
-                w = self.weight.to(wide)
-                y = many_rows.linear(many_rows.choose(w, None), x2.to(wide), w, None)  # (rows, out)
-                y = (y.float() * self._scale32).to(x2.dtype)
+            if wide is not None:  # the weight dequantized in the product's dtype: a pass over the (out, in) weight
+                # instead of an fp32 pass over the (rows, out) product, which cost as much as the GEMM (docs/engine.md)
+                w = self.weight.to(wide).mul_(self._scale32.to(wide)[:, None])
+                y = many_rows.linear(many_rows.choose(w, None), x2.to(wide), w, None).to(x2.dtype)  # (rows, out)
             elif self.out_features > self.CHUNK_ROWS:  # a wide matrix (the LM head) in row chunks: torch's kernel
                 # streams a chunk faster than the whole (docs/engine.md)
                 y = torch.cat([torch._weight_int8pack_mm(x2, w, s)
