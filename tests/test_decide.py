@@ -547,6 +547,12 @@ def test_e13():
     assert _check("e13_speculative", loops, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
     unread = _with(_e13([1.6, 1.5, 1.7]), lambda m: m.pop("distinct_4grams"))  # a run before the change
     assert _check("e13_speculative", unread, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    # timed on sampled text: condition (6) reads the sampled text, however much the greedy text loops
+    sampled = _with(_e13([1.6, 1.5, 1.7]), lambda m: m.update(temperature=1.0, distinct_4grams={
+        "sampled": 0.8, "greedy": 0.09, "text": 0.9}))
+    _check("e13_speculative", sampled, SUPPORTED)
+    sampled_loops = _with(sampled, lambda m: m["distinct_4grams"].update(sampled=0.3))
+    assert _check("e13_speculative", sampled_loops, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
 
 
 @pytest.mark.parametrize("outside", [dict(step_ms=9.0),  # the step is overhead, not weight traffic (2.7x ideal)
@@ -634,11 +640,13 @@ def test_e15():
     assert _check("e15_position", _e15(u, flat, u), INCONCLUSIVE).qualifier == UNSTABLE
 
 
-def _e16(*reps, base=0.95, facts=8, pair=0.9):
-    """reps: (short acc, long acc, short prefill s, long prefill s) per repetition."""
+def _e16(*reps, base=0.95, facts=8, pair=0.9, padded=None):
+    """reps: (short acc, long acc, short prefill s, long prefill s) per repetition; ``padded``: the control's
+    accuracy (None: a run before the control)."""
+    control = {} if padded is None else {"padded, no distractor": {**_np(padded, 256, 1), "prefill_s": [5e-3] * 5}}
     return {"batch": 32, "train_len": 256, "repeats": [
         {"base": _np(base, 64, 1), "pair": _np(pair, 256, 2), "kinds": {"relevant only": {**_np(a, 28, 1), "prefill_s": [t] * 5},
-                                             "everything": {**_np(b, 256, facts), "prefill_s": [u] * 5}}}
+                                             "everything": {**_np(b, 256, facts), "prefill_s": [u] * 5}, **control}}
         for a, b, t, u in reps]}
 
 
@@ -657,6 +665,10 @@ def test_e16():
     assert _check("e16_send_relevant", _e16(good, facts=2), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
     assert _check("e16_send_relevant", _e16(good, pair=0.5), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
     assert _check("e16_send_relevant", _e16(good, (0.7, 0.95, 1e-3, 6e-3), good), INCONCLUSIVE).qualifier == UNSTABLE
+    # the padded control: the fact in plain corpus text at the trained length can answer better, and then refutes
+    _check("e16_send_relevant", _e16(good, good, good, padded=0.96), SUPPORTED)
+    d = _check("e16_send_relevant", _e16(*[(0.8, 0.75, 1e-3, 6e-3)] * 3, padded=0.99), NOT_SUPPORTED)
+    assert "padded, no distractor better by more than 2 s.e." in " ".join(d.reasons)
 
 
 # --- claim 17: attention and a linear recurrence split across devices, a nonlinear recurrence does not --------------

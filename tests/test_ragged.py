@@ -67,6 +67,23 @@ def test_every_state_implements_the_protocol(kw):
     assert state.pos.tolist() == [3, 4]
 
 
+def test_a_contiguous_cache_grown_row_by_row_keeps_every_row_and_never_writes_over_rows_it_gave_away():
+    from attnlab.models.state import KVCache
+    cache = KVCache.allocate(2, 0, 2, 8, 4)
+    for i in range(5):  # rows added one at a time land in spare rows of doubling storage
+        cache.add_sequence()
+        cache.k[1][i].fill_(i)
+    assert [int(x) for x in cache.k[1][:, 0, 0, 0]] == [0, 1, 2, 3, 4]
+    taken = cache.take([4])  # a view of the storage's row 4
+    cache.add_sequence()  # must not land on the row just taken
+    cache.k[1][4].fill_(9)
+    assert int(taken.k[1][0, 0, 0, 0]) == 4
+    cache.release(1)
+    cache.v[0] = cache.v[0].clone()  # rows replaced from outside: the next row goes to fresh storage
+    cache.add_sequence()
+    assert [int(x) for x in cache.k[1][:, 0, 0, 0]] == [0, 2, 3, 9, 0] and cache.v[0].shape[0] == 5
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_per_sequence_rollback_then_rewrite_equals_a_clean_run(paged):
     model = build_model(tiny(block_size=4)).eval()

@@ -104,15 +104,16 @@ def _generate_recomputing(model, prompts, max_new_tokens, params, stop_tokens, s
 
 
 def sample_continuations(model, ids: torch.Tensor, n: int, prompt_len: int, new_tokens: int, seed: int = 0,
-                         batch: int = 32) -> list[list[int]]:
-    """n prompts of prompt_len tokens drawn at random from ``ids`` (seeded), each followed by the model's greedy
-    continuation of new_tokens: the text a draft distilled from this model will be asked to predict. The prompts
-    share one length, so `batch` of them decode together with no padding (a batch of decode steps costs little
-    more than one: the weights are read once for every row)."""
+                         batch: int = 32, params: SamplingParams | None = None) -> list[list[int]]:
+    """n prompts of prompt_len tokens drawn at random from ``ids`` (seeded), each followed by the model's
+    continuation of new_tokens under ``params`` (greedy by default): the text a draft distilled from this model will
+    be asked to predict. The prompts share one length, so `batch` of them decode together with no padding (a batch
+    of decode steps costs little more than one: the weights are read once for every row). Every row samples with
+    ``params.seed``, so batching changes nothing."""
     starts = torch.randint(0, len(ids) - prompt_len - new_tokens, (n,),
                            generator=torch.Generator().manual_seed(seed)).tolist()
     out = []
     for b in range(0, n, batch):
         prompts = [ids[s:s + prompt_len].tolist() for s in starts[b:b + batch]]
-        out += [p + c.tokens for p, c in zip(prompts, generate(model, prompts, new_tokens).completions)]
+        out += [p + c.tokens for p, c in zip(prompts, generate(model, prompts, new_tokens, params).completions)]
     return out

@@ -2,9 +2,11 @@
 
 Where the claim lives: a target whose one-token decode step streams its weights from memory, so that checking
 k+1 tokens in one pass costs about one step, and a draft much cheaper than that step that often agrees with it.
-The target is trained on the embedded corpus (bf16 autocast where that is faster than fp32), drafts are distilled from its own greedy
-continuations (logits computed once); the draft and k are chosen on tuning prompts, and the choice is timed on
-held-out prompts over several rounds, plain and speculative decoding alternating, each call on one wall clock.
+The target is trained on the embedded corpus (bf16 autocast where that is faster than fp32), drafts are distilled from its own
+continuations sampled at TEMPERATURE (logits computed once); the draft and k are chosen on tuning prompts, and the
+choice is timed on held-out prompts over several rounds, plain and speculative sampling alternating, each call on one
+wall clock; greedy output is checked for identity apart, untimed. Timing sampled text, not greedy: a small model's
+greedy text loops, and a draft predicts a loop for free, so a greedy speedup measures the loop as much as the draft.
 Only a k whose verify pass over k+1 rows costs at most VERIFY_VS_STEP / CHOICE_MARGIN one-row steps (measured on a
 tuning prompt) can be chosen: past VERIFY_VS_STEP the pass is no longer nearly free, the claim's premise, on this
 hardware, and the margin keeps the chosen k inside that bound when it is measured again before each held-out round.
@@ -17,6 +19,7 @@ from attnlab.config import ModelConfig
 from attnlab.engine import generate
 from attnlab.engine.generate import sample_continuations
 from attnlab.engine.quantize import set_precision
+from attnlab.engine.sampling import SamplingParams
 from attnlab.engine.speculative import speculative_generate
 from attnlab.experiments import speculative_models
 from attnlab.experiments.speculative_models import GROW_STEPS, GROWN_STEPS
@@ -29,13 +32,16 @@ TITLE = "Speculative decoding"
 CLAIM = "A small draft proposing k tokens that the target verifies in one parallel pass speeds up decoding, with identical greedy output."
 PREDICTION = ("Greedy output is identical at every k; acceptance falls as k grows; the speedup over plain decoding of "
               "the same target exceeds 1 at some k when the draft is much cheaper than the target and often agrees.")
-THRESHOLD = ("Per held-out round: supported if greedy output is identical (at every k tried) and the speedup at the k and "
-             "draft chosen on tuning prompts is >= 1.2; not supported if outputs differ or the speedup is < 1.0. "
-             "The rounds must agree.")
+THRESHOLD = ("Per held-out round: supported if greedy output is identical (at every k tried) and the speedup of sampling "
+             "at temperature 1 at the k and draft chosen on tuning prompts is >= 1.2; not supported if outputs differ "
+             "or the speedup is < 1.0. The rounds must agree.")
+THRESHOLD_GREEDY = ("Per held-out round: supported if greedy output is identical (at every k tried) and the speedup at the k and "
+                    "draft chosen on tuning prompts is >= 1.2; not supported if outputs differ or the speedup is < 1.0. "
+                    "The rounds must agree.")
 STEP_VS_BANDWIDTH, VERIFY_VS_STEP, DRAFT_VS_STEP, AGREEMENT = 1.5, 1.5, 0.2, 0.6  # the REGIME's bounds
 CHOICE_MARGIN = 1.15  # a k is chosen only where its tuning verify is this far inside VERIFY_VS_STEP (CHANGES)
 LEARNED_LOSS = 2.0  # nats/byte on held-out text; a unigram model of the corpus scores about 3.1
-REGIME = (f"A target whose decode is bound by memory bandwidth and a draft that is cheap and often agrees, each measured "
+REGIME_GREEDY = (f"A target whose decode is bound by memory bandwidth and a draft that is cheap and often agrees, each measured "
           f"in the same run: (1) the target's plain decode step takes <= {STEP_VS_BANDWIDTH}x its fp32 weight bytes / "
           f"the read bandwidth of a large sum; (2) its verify pass over k+1 rows takes <= {VERIFY_VS_STEP}x a one-row "
           f"step, at the chosen k; (3) a draft step takes <= {DRAFT_VS_STEP}x a target step; (4) the chosen draft "
@@ -56,6 +62,18 @@ REGIME_OLD = (f"A target whose decode is bound by memory bandwidth and a draft t
           "draft copies for free. At these bounds the expected speedup (Leviathan et al. "
           "2023, eq. 1, with acceptance = agreement) is about 1.0 at k = 2-3, so inside the regime the threshold "
           "of 1.2 can still be missed.")
+TEMPERATURE = 1.0  # the timed decoding samples: a small model's greedy text loops (CHANGES 2026-12-05, second)
+REGIME = (f"A target whose decode is bound by memory bandwidth and a draft that is cheap and often accepted, each "
+          f"measured in the same run: (1) the target's plain decode step takes <= {STEP_VS_BANDWIDTH}x its fp32 weight "
+          f"bytes / the read bandwidth of a large sum; (2) its verify pass over k+1 rows takes <= {VERIFY_VS_STEP}x a "
+          f"one-row step, at the chosen k; (3) a draft step takes <= {DRAFT_VS_STEP}x a target step; (4) the chosen "
+          f"draft's expected acceptance at temperature {TEMPERATURE:g}, the mean of sum_v min(p_v, q_v) over the "
+          f"target's sampled continuations of the tuning prompts (teacher-forced), is >= {AGREEMENT:.0%}; (5) the "
+          f"target has learned the corpus: held-out loss <= {LEARNED_LOSS} nats/byte (a unigram model: about 3.1); "
+          "(6) the text the timed decoding draws (the target sampled on the held-out prompts) is not a degenerate loop "
+          "a draft copies for free: its share of distinct 4-grams >= 0.5x the real text's after the same prompts. At "
+          "these bounds the expected speedup (Leviathan et al. 2023, eq. 1) is about 1.0 at k = 2-3, so inside the "
+          "regime the threshold of 1.2 can still be missed.")
 CHANGES = [
     {"date": "2026-11-30", "what": "method: draft distilled from the target, verify-sized weight layout, held-out prompts",
      "old": ("target ~4.7M (dim 256, 6 layers) and draft ~0.05M each trained 1,500 steps on the corpus; one prompt; "
@@ -150,18 +168,32 @@ CHANGES = [
 ]
 CHANGES.append(
     {"date": "2026-12-05", "what": "regime: the target's greedy text measured for loops (condition 6)",
-     "old": REGIME_OLD, "new": REGIME,
+     "old": REGIME_OLD, "new": REGIME_GREEDY,
      "why": ("Issue 29's independent read: condition (5) measures a teacher-forced loss, which does not see the "
              "greedy text the draft is asked to predict; a 0.5M-parameter draft agreeing on most positions is what a "
              "repetitive continuation would give. Now the greedy continuations on the held-out prompts must keep at "
              "least half the real text's share of distinct 4-grams. Prediction and threshold unchanged. Verdict "
              "before: supported (679adec, 3 of 3 rounds); after, on the same data: inconclusive (regime not "
              "reached: the greedy text's 4-grams were not recorded).")})
+CHANGES.append(
+    {"date": "2026-12-05", "what": "method and regime: speedup timed on sampled text; acceptance as Leviathan's alpha",
+     "old": f"THRESHOLD: {THRESHOLD_GREEDY} REGIME: {REGIME_GREEDY}",
+     "new": (f"THRESHOLD: {THRESHOLD} REGIME: {REGIME} Drafts distilled on the target's sampled continuations; greedy "
+             "identity checked untimed at every tuning setting and in every held-out round. Bounds and threshold "
+             "values unchanged."),
+     "why": ("The reference at a41083d (bbc92d7) met every condition but (6): the 57M target's greedy text kept 0.16 of "
+             "its 4-grams distinct against the real text's 0.54 (ratio 0.29), at a held-out loss of 1.70 nats/byte. A "
+             "byte-level model this small loops under greedy decoding, and training it until it stops looping does not "
+             "fit the report's hour. Sampled at temperature 1 its text follows its own distribution and does not loop, "
+             "and speculative sampling must then match distributions, not a loop: the regime the claim is about, "
+             "measured. Verdict before: inconclusive (regime not reached; the data alone read supported, 2.78-2.86x "
+             "held out at k = 4, greedy). Verdict after: reports/HISTORY.md, the reference run at the commit that "
+             "made this change.")})
 EST_S = {"quick": 5, "full": 320}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
 TRAIN_EST_S = {"quick": 5, "full": 350}  # this claim's share of the training stage (training.py), in seconds
 
 GOOD, BREAK_EVEN = 1.2, 1.0  # the THRESHOLD above, as numbers
-NOT_LOOPING = 0.5  # the REGIME's greedy text: at least half the real text's share of distinct 4-grams
+NOT_LOOPING = 0.5  # the REGIME's condition (6): at least half the real text's share of distinct 4-grams
 SETUPS = {
     "quick": dict(target=ModelConfig(dim=192, n_layers=4, n_heads=6, max_seq_len=256), grow=3, steps=30, grown_steps=5,
                   samples=32,
@@ -244,47 +276,57 @@ def _timed(fn):
     return now() - t, out
 
 
+def _sampling(i: int) -> SamplingParams:
+    """The timed decoding's settings for prompt ``i``: sampling at TEMPERATURE with a seed of its own."""
+    return SamplingParams(temperature=TEMPERATURE, seed=i)
+
+
+def _identical(target_k, draft, k: int, prompts, base, new) -> bool:
+    """Untimed: greedy speculative decoding gives the greedy tokens ``base`` on every prompt."""
+    return all(speculative_generate(target_k, p, new, k=k, draft=draft).tokens == b for p, b in zip(prompts, base))
+
+
 def _tune(plain, layouts, drafts, prompts, base, new) -> list[dict]:
-    """Every (draft, k) on the tuning prompts: speedup over the faster plain layout, acceptance, identity."""
-    plain_s = sum(min(_timed(lambda: generate(m, p, new))[0] for m in (plain, *layouts.values())) for p in prompts)
+    """Every (draft, k) on the tuning prompts: speedup (sampled) over the faster plain layout, acceptance, identity
+    (greedy)."""
+    plain_s = sum(min(_timed(lambda: generate(m, p, new, _sampling(i)))[0] for m in (plain, *layouts.values()))
+                  for i, p in enumerate(prompts))
     rows = []
     for name, draft in drafts.items():
         for k, target_k in layouts.items():
-            speculative_generate(target_k, prompts[0], 8, k=k, draft=draft)  # warm-up, untimed
-            spent, acc, prop, same = 0.0, 0, 0, True
-            for p, expected in zip(prompts, base):
-                dt, out = _timed(lambda: speculative_generate(target_k, p, new, k=k, draft=draft))
+            speculative_generate(target_k, prompts[0], 8, k=k, draft=draft, params=_sampling(0))  # warm-up, untimed
+            spent, acc, prop = 0.0, 0, 0
+            for i, p in enumerate(prompts):
+                dt, out = _timed(lambda: speculative_generate(target_k, p, new, k=k, draft=draft, params=_sampling(i)))
                 spent += dt
                 acc += round(out.stats.accepted * out.stats.proposed)
                 prop += out.stats.proposed
-                same &= out.tokens == expected
             rows.append({"draft": name, "k": k, "speedup": plain_s / spent, "acceptance": acc / max(1, prop),
-                         "proposed": prop, "identical": same})
+                         "proposed": prop, "identical": _identical(target_k, draft, k, prompts, base, new)})
     return rows
 
 
 def _held_out_round(r, plain, target_k, draft, k, prompts, base, new) -> dict:
-    """One round on the held-out prompts: plain (both layouts) and speculative, the order reversed on every other
-    prompt and round, each call on the same wall clock."""
-    paths = [lambda p: generate(plain, p, new), lambda p: generate(target_k, p, new),
-             lambda p: speculative_generate(target_k, p, new, k=k, draft=draft)]
+    """One round on the held-out prompts: plain (both layouts) and speculative, sampled, the order reversed on every
+    other prompt and round, each call on the same wall clock; then greedy identity, untimed."""
+    paths = [lambda p, sp: generate(plain, p, new, sp), lambda p, sp: generate(target_k, p, new, sp),
+             lambda p, sp: speculative_generate(target_k, p, new, k=k, draft=draft, params=sp)]
     spent, tpot = [0.0] * 3, [[], []]
     acc = prop = 0
-    same = True
-    for i, (p, expected) in enumerate(zip(prompts, base)):
+    for i, p in enumerate(prompts):
         order = [0, 1, 2] if (r + i) % 2 == 0 else [2, 1, 0]
         for j in order:
-            dt, out = _timed(lambda: paths[j](p))
+            dt, out = _timed(lambda: paths[j](p, _sampling(i)))
             spent[j] += dt
             if j < 2:
                 tpot[j].append(out.stats.tpot_s)
             else:
                 acc += round(out.stats.accepted * out.stats.proposed)
                 prop += out.stats.proposed
-                same &= out.tokens == expected
     best = 0 if spent[0] <= spent[1] else 1
     return {"round": r + 1, "plain_s": spent[best], "plain_layout_rows": [1, k + 1][best], "speculative_s": spent[2],
-            "speedup": spent[best] / spent[2], "acceptance": acc / max(1, prop), "identical": same,
+            "speedup": spent[best] / spent[2], "acceptance": acc / max(1, prop),
+            "identical": _identical(target_k, draft, k, prompts, base, new),
             "step_s": sorted(tpot[best])[len(tpot[best]) // 2]}
 
 
@@ -298,8 +340,8 @@ def measure(scale: str, device: str) -> dict:
     n_target = sum(p.numel() for p in trained.parameters())
     plen, new = s["prompt_len"], s["new"]
     plain = set_precision(copy.deepcopy(trained), "fp32")
-    samples = torch.tensor(sample_continuations(plain, task.train_ids, s["samples"], plen, s["sample_new"], seed=1),
-                           device=device)
+    samples = torch.tensor(sample_continuations(plain, task.train_ids, s["samples"], plen, s["sample_new"], seed=1,
+                                                params=_sampling(1)), device=device)
     clock("samples")
     drafts = speculative_models.train_drafts(s, tc, samples, speculative_models.teacher_logits(trained, samples, amp),
                                              device)
@@ -312,12 +354,15 @@ def measure(scale: str, device: str) -> dict:
     bandwidth = [memory_bandwidth(device=device)]
     base_tuning = [generate(plain, p, new).tokens for p in tuning]
     base_held = [generate(plain, p, new).tokens for p in held]
+    sampled_tuning = [generate(plain, p, new, _sampling(i)).tokens for i, p in enumerate(tuning)]
+    sampled_held = [generate(plain, p, new, _sampling(i)).tokens for i, p in enumerate(held)]
     # the verify pass has k+1 rows: the target's weights are laid out for that size (quantize.DenseLinear)
     layouts = {k: set_precision(copy.deepcopy(trained), "fp32", rows=k + 1) for k in s["ks"]}
     for m in (plain, *layouts.values()):
         generate(m, tuning[0], 8)  # warm-up of each layout, untimed
     clock("layouts")
-    agreement = {name: speculative_models.agreement(d, [p + c for p, c in zip(tuning, base_tuning)], plen) for name, d in drafts.items()}
+    agreement = {name: speculative_models.expected_acceptance(plain, d, [p + c for p, c in zip(tuning, sampled_tuning)],
+                                                              plen, TEMPERATURE) for name, d in drafts.items()}
     tuned = _tune(plain, layouts, drafts, tuning, base_tuning, new)
     tune_ctx = tuning[0] + base_tuning[0]
     one_row = min((plain, *layouts.values()), key=lambda m: _step_s(m, tune_ctx, 1))  # the faster one-row layout
@@ -330,7 +375,8 @@ def measure(scale: str, device: str) -> dict:
     ctx = held[0] + base_held[0]
     real = [task.val_ids[a + plen:a + plen + new].tolist() for a in starts[s["tuning"]:]]  # the text that follows
     regime = {"weight_bytes": 4 * n_target, "agreement": agreement[chosen["draft"]],
-              "distinct_4grams": {"greedy": distinct_ngrams(base_held), "text": distinct_ngrams(real)}}
+              "distinct_4grams": {"sampled": distinct_ngrams(sampled_held), "greedy": distinct_ngrams(base_held),
+                                 "text": distinct_ngrams(real)}}
     clock("regime steps")
     rounds = []
     for r in range(s["rounds"]):  # each round's conditions measured just before it, on the machine it meets
@@ -347,6 +393,7 @@ def measure(scale: str, device: str) -> dict:
             "draft_steps": s["draft_steps"], "samples": len(samples), "new_tokens": new, "prompt_len": plen,
             "tuning_prompts": len(tuning), "held_out_prompts": len(held), "agreement_by_draft": agreement,
             "tuning": tuned, "chosen": {"draft": chosen["draft"], "k": k}, "bandwidth_bytes_per_s": bandwidth,
+            "temperature": TEMPERATURE,
             **regime, "rounds": rounds, "phase_s": clock.spent}
 
 
@@ -381,24 +428,31 @@ def conditions(measured: dict, rnd: dict) -> list[dict]:
                   f"{measured['weight_bytes'] / 1e6:.0f} MB at {bandwidth / 1e9:.1f} GB/s)"),
         condition(f"verify of k+1={k + 1} rows / one-row step", verify, f"<= {VERIFY_VS_STEP}", verify <= VERIFY_VS_STEP),
         condition("draft step / target step", draft, f"<= {DRAFT_VS_STEP}", draft <= DRAFT_VS_STEP),
-        condition("draft agreement (teacher-forced, tuning)", agree, f">= {AGREEMENT:.0%}", agree >= AGREEMENT,
-                  f"{agree:.0%}"),
+        condition(_agreement_name(measured), agree, f">= {AGREEMENT:.0%}", agree >= AGREEMENT, f"{agree:.0%}"),
         condition("target held-out loss (nats/byte)", measured["target_val_loss"], f"<= {LEARNED_LOSS}",
                   measured["target_val_loss"] <= LEARNED_LOSS),
         _not_looping(measured.get("distinct_4grams")),
     ]
 
 
+def _agreement_name(measured: dict) -> str:
+    t = measured.get("temperature")
+    if t is None:  # runs before sampled timing: the greedy next token
+        return "draft agreement (teacher-forced, tuning)"
+    return f"draft's expected acceptance at temperature {t:g} (teacher-forced, tuning)"
+
+
 def _not_looping(d: dict | None) -> dict:
-    """The REGIME's sixth condition: the target's greedy continuations on the held-out prompts repeat themselves no
-    more than twice as much as the real text after those prompts (distinct 4-grams), so a draft's agreement is with
-    text, not with a loop that any draft predicts."""
+    """The REGIME's sixth condition: the target's continuations on the held-out prompts, as the timed decoding draws
+    them (sampled; greedy in runs before that), repeat themselves no more than twice as much as the real text after
+    those prompts (distinct 4-grams), so a draft's agreement is with text, not with a loop that any draft predicts."""
+    kind = "sampled" if d and "sampled" in d else "greedy"
+    name = f"target's {kind} text: distinct 4-grams / the real text's"
     if not d:
-        return condition("target's greedy text: distinct 4-grams / the real text's", None,
-                         f">= {NOT_LOOPING} (not a loop)", None, "not recorded")
-    share = d["greedy"] / max(d["text"], 1e-12)
-    return condition("target's greedy text: distinct 4-grams / the real text's", share, f">= {NOT_LOOPING} (not a loop)",
-                     share >= NOT_LOOPING, f"{d['greedy']:.2f} / {d['text']:.2f}")
+        return condition(name, None, f">= {NOT_LOOPING} (not a loop)", None, "not recorded")
+    share = d[kind] / max(d["text"], 1e-12)
+    return condition(name, share, f">= {NOT_LOOPING} (not a loop)", share >= NOT_LOOPING,
+                     f"{d[kind]:.2f} / {d['text']:.2f}")
 
 
 def acceptance_by_k(tuning: list[dict]) -> str:
@@ -460,7 +514,8 @@ def run(scale: str, device: str) -> Outcome:
     precision = "bf16 autocast" if m.get("bf16_autocast", True) else "fp32"
     return Outcome.of(decide(m), m, plots, table, [
         f"Target {m['target_params'] / 1e6:.1f}M parameters ({grown}{precision}) on the embedded corpus, held-out "
-        f"loss {m['target_val_loss']:.2f} nats/byte; drafts ({drafts}) distilled {m['draft_steps']} steps on the target's greedy continuations of {m['samples']} training-split prompts.",
+        f"loss {m['target_val_loss']:.2f} nats/byte; drafts ({drafts}) distilled {m['draft_steps']} steps on the target's "
+        f"{'sampled' if m.get('temperature') else 'greedy'} continuations of {m['samples']} training-split prompts.",
         f"Draft and k chosen on {m['tuning_prompts']} tuning prompts, reported on {m['held_out_prompts']} held-out "
         f"prompts of {m['prompt_len']} tokens, {m['new_tokens']} new tokens each; plain decoding counts at the faster of "
         "its two weight layouts. fp32 weights: greedy identity is exact only in fp32 (engine/speculative.py).",

@@ -81,12 +81,24 @@ def _gaps(rep: dict) -> tuple[float, float, float, float]:
     return u, se_u, near, se_near
 
 
+def _spread(rep: dict) -> str:
+    """Shown, not decided: whether the depth mattered at all, apart from the shapes (a) and (b) predict. The claim's
+    "placement matters" alone would hold for any shape, so it cannot stand for (a) and (b); a reader still learns
+    whether the model was indifferent to depth or sensitive to it in another way."""
+    p = rep["by_depth"]
+    hi, lo = max(p, key=lambda q: q["acc"]), min(p, key=lambda q: q["acc"])
+    se = (needle.acc_se(hi) ** 2 + needle.acc_se(lo) ** 2) ** 0.5
+    return (f"shown, not decided: depth mattered by {(hi['acc'] - lo['acc']) * 100:.1f} points (best at depth "
+            f"{hi['depth']:.2f}, worst at {lo['depth']:.2f}; 2 s.e. {2 * se * 100:.1f})")
+
+
 def decide_one(rep: dict) -> Decision:
     u, se_u, near, se_near = _gaps(rep)
     acc = [q["acc"] for q in rep["by_depth"]]
     reasons = ["accuracy by depth of the fact: " + ", ".join(f"{q['depth']:.2f}: {q['acc']:.0%}" for q in rep["by_depth"]),
                f"(a) min(start, end) - middle: {u * 100:.1f} points (2 s.e. {2 * se_u * 100:.1f}; >= 5?)",
-               f"(b) next to the question - far from it: {near * 100:.1f} points (2 s.e. {2 * se_near * 100:.1f}; >= 5?)"]
+               f"(b) next to the question - far from it: {near * 100:.1f} points (2 s.e. {2 * se_near * 100:.1f}; >= 5?)",
+               _spread(rep)]
     a, b = needle.beyond(u, 0.05, se_u), needle.beyond(near, 0.05, se_near)
     if a is False or b is False:
         ok = False

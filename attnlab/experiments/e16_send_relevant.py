@@ -13,10 +13,18 @@ CLAIM = ("A prompt with only the relevant context answers as well as one padded 
 PREDICTION = ("On a byte-level language model trained on the embedded corpus with facts planted in it (needle.py), the "
               "same question asked with only its fact line vs with its fact among corpus text and the most same-form "
               "distractors it was trained with, at the trained length: first-digit accuracy is no lower with the fact "
-              "alone, and the prefill time of a batch of 32 such prompts is >= 2x higher for the long ones.")
-THRESHOLD = ("Per repetition: supported if the long prompts' accuracy is not above the short ones' by more than 2 "
-             "standard errors and their prefill time is >= 2x the short ones' beyond the spread of the ratio over "
-             "timing rounds (the middle half of 7 rounds' ratios above 2x); not supported if the long prompts answer "
+              "alone, also than with the fact padded to the trained length by corpus text alone (no distractor, so "
+              "the padding could help: the model was trained at that length), and the prefill time of a batch of 32 "
+              "such prompts is >= 2x higher for the long ones.")
+# The prediction of 2026-12-02, kept as it was (CHANGES quotes it): no padded control.
+_PREDICTION_NO_CONTROL = (
+    "On a byte-level language model trained on the embedded corpus with facts planted in it (needle.py), the same "
+    "question asked with only its fact line vs with its fact among corpus text and the most same-form distractors it "
+    "was trained with, at the trained length: first-digit accuracy is no lower with the fact alone, and the prefill "
+    "time of a batch of 32 such prompts is >= 2x higher for the long ones.")
+THRESHOLD = ("Per repetition: supported if neither long prompt's accuracy (everything; padded without distractors) "
+             "is above the short ones' by more than 2 standard errors and the prefill time of everything is >= 2x the short ones' beyond the spread of the ratio over "
+             "timing rounds (the middle half of 7 rounds' ratios above 2x); not supported if either long prompt answers "
              "better by more than 2 standard errors or the time ratio is below 2x beyond its spread (the middle half "
              "below 2x); inconclusive otherwise. Repetitions (independent haystack and fact draws, 3 at full scale) "
              "must agree.")
@@ -26,6 +34,13 @@ _THRESHOLD_RANGE = ("Per repetition: supported if the long prompts' accuracy is 
                     "ratio over timing rounds; not supported if the long prompts answer better by more than 2 standard "
                     "errors or the time ratio is below 2x beyond its spread; inconclusive otherwise. Repetitions "
                     "(independent haystack and fact draws, 3 at full scale) must agree.")
+# The threshold of 2026-12-03, kept as it was (CHANGES quotes it): no padded control.
+_THRESHOLD_MIDDLE_HALF = (
+    "Per repetition: supported if the long prompts' accuracy is not above the short ones' by more than 2 standard "
+    "errors and their prefill time is >= 2x the short ones' beyond the spread of the ratio over timing rounds (the "
+    "middle half of 7 rounds' ratios above 2x); not supported if the long prompts answer better by more than 2 "
+    "standard errors or the time ratio is below 2x beyond its spread (the middle half below 2x); inconclusive "
+    "otherwise. Repetitions (independent haystack and fact draws, 3 at full scale) must agree.")
 REGIME = ("The model learned the task: first-digit accuracy >= 80% on a short context (a quarter of the trained "
           "length) with no distractor, and >= 80% at the trained length beside one same-form distractor (it reads the "
           "key). The long prompt reaches the trained length with >= 4 same-form distractors.")
@@ -34,7 +49,7 @@ CHANGES = [
                                    "the accuracy margin is 2 standard errors of each repetition's probes",
      "old": ("The recall transformer of claim 3 (2 layers, 64 tokens): one key-value pair vs every pair among "
              "irrelevant tokens from a vocabulary of their own; accuracy margins from the spread over 3 seeds."),
-     "new": PREDICTION + " " + THRESHOLD,
+     "new": _PREDICTION_NO_CONTROL + " " + _THRESHOLD_RANGE,
      "why": ("Issue 29: the old filler could be ignored by identity, and the verdict flipped between full runs. The "
              "same planted-fact task now serves claims 14-16, the distractors have the fact's form, and the verdict "
              "comes from repetitions that must agree, inside the regime where the model learned the task.")},
@@ -53,7 +68,7 @@ CHANGES = [
         "slower for 5x the bytes)"),
     {"date": "2026-12-03", "what": "threshold: the ratio's spread is the middle half of 7 timing rounds",
      "old": _THRESHOLD_RANGE,
-     "new": THRESHOLD,
+     "new": _THRESHOLD_MIDDLE_HALF,
      "why": ("A verdict that one stray call can flip is not a finding. In the reference of 83d7463 repetition 1's "
              "ratios were 5.8, 5.4, 5.7, 2.3 and 6.0x: one round's short prefill took 19.3 ms against 7.7-8.6 ms in "
              "the others, so the mean 5.0x lay within the full range (3.7) of 2x and the repetition read inconclusive "
@@ -63,8 +78,19 @@ CHANGES = [
              "in all three (5.4-5.8x, 5.7-6.0x, 5.3-5.7x).")},
     needle_changes.stage_change("supported"),
 ]
-EST_S = {"quick": 8, "full": 25}
+CHANGES.append(
+    {"date": "2026-12-05", "what": "prediction and threshold: a padded control without look-alikes",
+     "old": _PREDICTION_NO_CONTROL + " " + _THRESHOLD_MIDDLE_HALF,
+     "new": PREDICTION + " " + THRESHOLD,
+     "why": ("Issue 29's independent read: against a long prompt full of same-form distractors the accuracy half "
+             "could only fail if distractors helped, which they cannot by design. The fact padded to the trained "
+             "length with corpus text alone is the comparison that can go against the claim: the model was trained "
+             "at that length, and a short prompt is off its training distribution. Verdict before: supported in 3 of "
+             "3 repetitions (reference bbc92d7). Verdict after: reports/HISTORY.md, the reference run at the commit "
+             "that made this change.")})
+EST_S = {"quick": 8, "full": 30}
 BATCH, ROUNDS = 32, 7
+PADDED = "padded, no distractor"  # the control: the fact in corpus text at the trained length
 
 
 def _prefill_s(model, x, device) -> float:
@@ -81,7 +107,8 @@ def measure(scale: str, device: str) -> dict:
     t = needle.trained(scale, device)
     s, model = t["setup"], t["model"]
     reps = s.repeats if scale == "quick" else max(s.repeats, FULL_REPEATS)
-    kinds = {"relevant only": (needle.min_length(1), 1), "everything": (s.train_len, s.max_facts)}
+    kinds = {"relevant only": (needle.min_length(1), 1), "everything": (s.train_len, s.max_facts),
+             PADDED: (s.train_len, 1)}
     repeats = []
     for r in range(reps):
         seed = 1600 + 100 * r
@@ -103,14 +130,21 @@ def measure(scale: str, device: str) -> dict:
 def decide_one(rep: dict, batch: int) -> Decision:
     short, long_ = rep["kinds"]["relevant only"], rep["kinds"]["everything"]
     ratio = [b / a for a, b in zip(short["prefill_s"], long_["prefill_s"])]
-    se = (needle.acc_se(short) ** 2 + needle.acc_se(long_) ** 2) ** 0.5
-    better = needle.beyond(long_["acc"] - short["acc"], 0.0, se) is True  # the long prompts answer better
+    reasons, better = [], False
+    for name in ("everything", PADDED):
+        if name not in rep["kinds"]:  # runs before the control (CHANGES 2026-12-05)
+            reasons.append(f"accuracy: {name} not measured")
+            continue
+        other = rep["kinds"][name]
+        se = (needle.acc_se(short) ** 2 + needle.acc_se(other) ** 2) ** 0.5
+        up = needle.beyond(other["acc"] - short["acc"], 0.0, se) is True  # the long prompts answer better
+        better |= up
+        reasons.append(f"accuracy: relevant only {short['acc']:.0%} ({short['tokens']} bytes) vs {name} "
+                       f"{other['acc']:.0%} ({other['tokens']} bytes, {other['facts'] - 1} distractors); {name} better "
+                       f"by more than 2 s.e. ({2 * se * 100:.1f} points): {'yes' if up else 'no'}")
     r = clears(ratio, 2.0)
     lo, hi = middle_half(ratio)
-    reasons = [f"accuracy: relevant only {short['acc']:.0%} ({short['tokens']} bytes) vs everything {long_['acc']:.0%} "
-               f"({long_['tokens']} bytes, {long_['facts'] - 1} distractors); the long prompts better by more than 2 "
-               f"s.e. ({2 * se * 100:.1f} points): {'yes' if better else 'no'}",
-               f"prefill of {batch} prompts: {mean(short['prefill_s']) * 1e3:.2f} ms vs {mean(long_['prefill_s']) * 1e3:.2f}"
+    reasons += [f"prefill of {batch} prompts: {mean(short['prefill_s']) * 1e3:.2f} ms vs {mean(long_['prefill_s']) * 1e3:.2f}"
                f" ms, ratio {mean(ratio):.1f}x (middle half of {len(ratio)} rounds {lo:.1f}-{hi:.1f}x; >= 2x?)"]
     if better or r is False:
         ok = False
@@ -119,8 +153,10 @@ def decide_one(rep: dict, batch: int) -> Decision:
         reasons.append("the middle half of the time ratios straddles 2x: inconclusive")
     else:
         ok = True
+    padded = rep["kinds"].get(PADDED)
+    control = f", {padded['acc']:.0%} (padded, no distractor)" if padded else ""
     figure = (f"{long_['tokens'] / short['tokens']:.0f}x the bytes: accuracy {short['acc']:.0%} (fact only) vs "
-              f"{long_['acc']:.0%} (everything), prefill of {batch} prompts {mean(ratio):.1f}x slower")
+              f"{long_['acc']:.0%} (everything){control}, prefill of {batch} prompts {mean(ratio):.1f}x slower")
     return Decision(verdict(ok), figure, reasons)
 
 

@@ -112,13 +112,19 @@ def train_drafts(s: dict, tc: TrainConfig, samples: torch.Tensor, logits: torch.
     return drafts
 
 
-def agreement(draft, seqs: list[list[int]], prompt_len: int) -> float:
-    """Teacher-forced: how often the draft's argmax is the target's greedy next token, over the continuations."""
+def expected_acceptance(target, draft, seqs: list[list[int]], prompt_len: int, temperature: float) -> float:
+    """Teacher-forced on the target's continuations: the mean over positions of sum_v min(p_v, q_v), the chance that
+    speculative sampling accepts the draft's token (Leviathan et al. 2023, alpha), with p the target's and q the
+    draft's next-token distribution at ``temperature`` (0: greedy, where it is how often their argmaxes agree)."""
     device = next(draft.parameters()).device
-    hits = total = 0
+    total, n = 0.0, 0
     with torch.inference_mode():
         for seq in seqs:
-            pred = draft(torch.tensor([seq[:-1]], device=device))[0][0, prompt_len - 1:].argmax(-1)
-            hits += int((pred == torch.tensor(seq[prompt_len:], device=device)).sum())
-            total += len(seq) - prompt_len
-    return hits / max(1, total)
+            ids = torch.tensor([seq[:-1]], device=device)
+            p, q = (m(ids)[0][0, prompt_len - 1:].float() for m in (target, draft))  # (new, V)
+            if temperature == 0:
+                total += float((p.argmax(-1) == q.argmax(-1)).sum())
+            else:
+                total += float(torch.minimum((p / temperature).softmax(-1), (q / temperature).softmax(-1)).sum())
+            n += len(seq) - prompt_len
+    return total / max(1, n)

@@ -130,6 +130,7 @@ def _split_rows(cache: "KVCache", rows: list[int]):
     out = ([pick(t, rows) for t in cache.k], [pick(t, rows) for t in cache.v], cache.pos[rows].clone())
     cache.k, cache.v = [pick(t, keep) for t in cache.k], [pick(t, keep) for t in cache.v]
     cache.pos = cache.pos[keep]
+    cache._spare = None  # rows handed out may be views of the spare rows' storage: extend must not write there
     return out
 
 
@@ -146,6 +147,7 @@ class KVCache(Rows):
         self.pos = torch.zeros(k[0].shape[0], dtype=torch.long) if pos is None else pos
         self._lengths, self._T = None, 0
         self._decode = False
+        self._spare = None  # extend's storage: [per layer k, then v] (capacity, Hkv, slots, D), k and v its first rows
 
     @classmethod
     def allocate(cls, n_layers, batch_size, n_kv_heads, max_len, head_dim, dtype=torch.float32, device="cpu"):
@@ -161,7 +163,8 @@ class KVCache(Rows):
 
     @property
     def nbytes(self) -> int:
-        """Allocated bytes: 2 * layers * B * Hkv * max_len * D * element size."""
+        """The rows' bytes: 2 * layers * B * Hkv * max_len * D * element size (a cache grown by ``extend`` may hold
+        up to as many again in spare rows)."""
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
     @property
@@ -250,14 +253,27 @@ class KVCache(Rows):
         _split_rows(self, [row])
 
     def extend(self, other: "KVCache") -> None:
+        """Append other's rows. The rows live in storage of doubling capacity, so n rows added one at a time (a
+        batch being admitted) cost O(n) row copies, where concatenating whole caches cost O(n^2)."""
         if other.k[0].shape[2] != self.k[0].shape[2]:
             raise AttnlabError(f"cannot join caches of {other.k[0].shape[2]} and {self.k[0].shape[2]} slots per row")
         if self.batch_size == 0:  # adopt the other's tensors: no copy
-            self.k, self.v, self.pos = other.k, other.v, other.pos
+            self.k, self.v, self.pos, self._spare = other.k, other.v, other.pos, None
             return
-        self.k = [torch.cat([a, b]) for a, b in zip(self.k, other.k)]
-        self.v = [torch.cat([a, b]) for a, b in zip(self.v, other.v)]
-        self.pos = torch.cat([self.pos, other.pos])
+        B, n, mine = self.batch_size, other.batch_size, self.k + self.v
+        spare = self._spare
+        if spare is not None and any(t.data_ptr() != s.data_ptr() for t, s in zip(mine, spare)):
+            spare = None  # the rows were replaced since: the storage no longer holds them
+        if spare is None or spare[0].shape[0] < B + n:
+            cap = max(B + n, 2 * B)
+            spare = [t.new_empty((cap,) + t.shape[1:]) for t in mine]
+            for s, t in zip(spare, mine):
+                s[:B].copy_(t)
+        for s, t in zip(spare, other.k + other.v):
+            s[B:B + n].copy_(t)
+        L = len(self.k)
+        self.k, self.v = [s[:B + n] for s in spare[:L]], [s[:B + n] for s in spare[L:]]  # (B + n, Hkv, slots, D)
+        self.pos, self._spare = torch.cat([self.pos, other.pos]), spare
 
 
 class RollingKVCache(KVCache):
