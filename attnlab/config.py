@@ -71,6 +71,7 @@ class ModelConfig:
     ssm_state: int = 16  # family "ssm": state size N per channel
     ssm_expand: int = 2  # family "ssm": inner width = ssm_expand * dim
     scan: str = "parallel"  # family "ssm": "parallel" (log-depth) or "sequential" (a loop over T)
+    short_conv: int = 4  # families "linear", "ssm": causal depthwise convolution width before the mixer; 0: none
 
     def __post_init__(self) -> None:
         _choice("family", self.family, FAMILIES)
@@ -82,6 +83,7 @@ class ModelConfig:
         for name in ("window", "chunk_size", "ssm_state", "ssm_expand"):
             _positive(name, getattr(self, name))
         _positive("block_size", self.block_size, allow_zero=True)
+        _positive("short_conv", self.short_conv, allow_zero=True)
         for name in ("bias", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")

@@ -166,6 +166,25 @@ def test_new_models_train_and_decode(kw):
     assert len(generate(model.eval(), [1, 2, 3], 5).tokens) == 5
 
 
+@pytest.mark.parametrize("width", [1, 4])
+def test_short_conv_in_pieces_equals_one_pass(width):
+    """A short convolution fed a sequence in ragged pieces, carrying its tail, equals one pass over each row's
+    real tokens: the tail holds exactly the last width - 1 real inputs, whatever the filler after them."""
+    from attnlab.models.short_conv import ShortConv
+
+    torch.manual_seed(0)
+    conv = ShortConv(6, width)
+    x = torch.randn(3, 11, 6)
+    whole, _ = conv(x)
+    cut = torch.tensor([2, 5, 1])  # row b's first piece: its first cut[b] tokens, then filler
+    first = torch.where(torch.arange(5)[None, :, None] < cut[:, None, None], x[:, :5], torch.randn(3, 5, 6))
+    y1, tail = conv(first, lengths=cut)
+    for b in range(3):
+        c = int(cut[b])
+        y2, _ = conv(x[b:b + 1, c:], tail[b:b + 1])
+        assert torch.allclose(torch.cat([y1[b, :c], y2[0]]), whole[b], atol=1e-6)
+
+
 def _reference_selective_scan(u, delta, A, Bt, Ct, D, h0):
     """The recurrence written out with autograd: the whole (B, T, E, N) a and b, then the plain loop."""
     a = torch.exp(delta[..., None] * A)  # (B, T, E, N)

@@ -30,19 +30,28 @@ def dtype_bytes(dtype: str) -> int:
 
 def layer_params(a: Arch) -> dict:
     """Per-layer parameter counts: attention = d*(H+2Hkv)*D + H*D*d (+ biases); MLP = 2*d*F (gelu) or 3*d*F.
-    SSM mixer (no MLP): in 2*d*E, dt d*R/16.. (E*R + R*E + E), B/C 2*E*N, A E*N, D E, out E*d."""
+    SSM mixer (no MLP): in 2*d*E, dt d*R/16.. (E*R + R*E + E), B/C 2*E*N, A E*N, D E, out E*d. A short
+    convolution of width w over C channels (linear: C = 3*H*D, SSM: C = E) adds C*(w + 1)."""
     if a.family == "ssm":
         E, N, R = a.ssm_expand * a.dim, a.ssm_state, max(1, math.ceil(a.dim / 16))
-        mixer = 2 * a.dim * E + E * R + R * E + E + 2 * E * N + E * N + E + E * a.dim
+        mixer = 2 * a.dim * E + E * R + R * E + E + 2 * E * N + E * N + E + E * a.dim + conv_channels(a) * (a.short_conv + 1)
         return {"attention": mixer, "mlp": 0, "norms": a.dim * (2 if a.norm_bias else 1)}
     q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
     if a.family == "linear":
         kv = q  # no grouped heads in linear attention
     attn = a.dim * (q + 2 * kv) + q * a.dim + (q + 2 * kv) * a.qkv_bias + a.dim * a.out_bias
+    attn += conv_channels(a) * (a.short_conv + 1)
     mats = 3 if a.mlp == "swiglu" else 2
     mlp = mats * a.dim * a.hidden_dim + a.mlp_bias * ((mats - 1) * a.hidden_dim + a.dim)
     norms = 2 * a.dim * (2 if a.norm_bias else 1)
     return {"attention": attn, "mlp": mlp, "norms": norms}
+
+
+def conv_channels(a: Arch) -> int:
+    """Channels of the short convolution (0 without one): the SSM's inner width E, linear attention's q, k, v."""
+    if not a.short_conv or a.family not in ("linear", "ssm"):
+        return 0
+    return a.ssm_expand * a.dim if a.family == "ssm" else 3 * a.n_heads * a.head_dim
 
 
 def params(a: Arch) -> dict:
@@ -77,7 +86,7 @@ def forward_flops(a: Arch, T: int, S: int = 0, batch: int = 1, head_rows: int | 
                   dense: bool = False) -> dict:
     """FLOPs of one forward over T new tokens after S cached ones, by part:
     projections 2*T*d*(H+2Hkv)*D + 2*T*H*D*d; attention 4*H*D*keys (QK^T and AV); MLP 2*T*(2 or 3)*d*F;
-    LM head 2*rows*d*V (rows = T, or head_rows)."""
+    LM head 2*rows*d*V (rows = T, or head_rows); a short convolution 2*T*C*w (conv_channels)."""
     if a.family in ("rnn", "lstm", "gru"):  # input and hidden matmuls per gate, every step; then the head
         gates = {"rnn": 1, "lstm": 4, "gru": 3}[a.family]
         parts = {"recurrent": a.n_layers * 2 * 2 * T * gates * a.dim * a.dim,
@@ -87,7 +96,8 @@ def forward_flops(a: Arch, T: int, S: int = 0, batch: int = 1, head_rows: int | 
         return parts
     if a.family == "ssm":
         E, N, R = a.ssm_expand * a.dim, a.ssm_state, max(1, math.ceil(a.dim / 16))
-        parts = {"projections": a.n_layers * 2 * T * (2 * a.dim * E + 2 * E * R + 2 * E * N + E * a.dim),
+        parts = {"projections": a.n_layers * 2 * T * (2 * a.dim * E + 2 * E * R + 2 * E * N + E * a.dim
+                                                      + conv_channels(a) * a.short_conv),
                  "scan": a.n_layers * T * E * N * (6 if a.scan == "sequential" else 3 * max(1, math.ceil(math.log2(max(T, 2))))),
                  "lm_head": 2 * (T if head_rows is None else head_rows) * a.dim * a.vocab_size}
         parts = {k: v * batch for k, v in parts.items()}
@@ -97,7 +107,8 @@ def forward_flops(a: Arch, T: int, S: int = 0, batch: int = 1, head_rows: int | 
     L = a.n_layers
     if a.family == "linear":  # chunked: C x C within chunks, D x D state products; no keys to score
         C, D = min(a.chunk_size, T), a.head_dim
-        parts = {"qkv_out_projections": L * (2 * T * a.dim * 3 * q + 2 * T * q * a.dim),
+        parts = {"qkv_out_projections": L * (2 * T * a.dim * 3 * q + 2 * T * q * a.dim
+                                             + 2 * T * conv_channels(a) * a.short_conv),
                  "attention": L * a.n_heads * (4 * T * C * D + 4 * T * D * D),
                  "mlp": L * 2 * T * a.dim * a.hidden_dim * (3 if a.mlp == "swiglu" else 2),
                  "lm_head": 2 * (T if head_rows is None else head_rows) * a.dim * a.vocab_size}

@@ -38,6 +38,7 @@ class Arch:
     ssm_state: int = 16
     ssm_expand: int = 2
     scan: str = "parallel"
+    short_conv: int = 0  # linear / ssm: width of the causal depthwise convolution before the mixer
 
     def __post_init__(self) -> None:
         for field in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "max_seq_len"):
@@ -59,7 +60,8 @@ def from_model_config(cfg, name: str = "attnlab") -> Arch:
                 norm_bias=cfg.bias and cfg.norm == "layernorm",
                 family=cfg.family, sliding_window=cfg.window if cfg.kernel == "sliding" else None,
                 block_size=cfg.block_size if cfg.kernel == "block_sparse" else None, chunk_size=cfg.chunk_size,
-                ssm_state=cfg.ssm_state, ssm_expand=cfg.ssm_expand, scan=cfg.scan)
+                ssm_state=cfg.ssm_state, ssm_expand=cfg.ssm_expand, scan=cfg.scan,
+                short_conv=cfg.short_conv if cfg.family in ("linear", "ssm") else 0)
 
 
 _HF_NEEDS = {"gpt2": ("vocab_size", "n_embd", "n_layer", "n_head"),

@@ -87,6 +87,7 @@ CHANGES.append(
              "and since each seed is decided whole, so is the seed's gradient half (measured at initialisation, and "
              "shown). Prediction and threshold unchanged. Verdict before: supported (679adec, 3 of 3 seeds); after, on the "
              "same data: inconclusive (regime not reached).")})
+CHANGES.append(recall.SHORT_CONV_CHANGE)  # shared with claim 8: the same trained models
 EST_S = {"quick": 2, "full": 60}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
 TRAIN_EST_S = {"quick": 30, "full": 1000}  # this claim's share of the training stage (training.py), in seconds
 MARGIN = 0.05  # recall: the transformer ahead (or behind) by more than this to count; far half within this of near

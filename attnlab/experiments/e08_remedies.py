@@ -91,6 +91,7 @@ CHANGES.append(
              "64-token sequences) cannot see most keys at any pair count, so its low recall holds by construction: "
              "it is shown and neither decided nor required to learn. Prediction unchanged. Verdict before: supported "
              "(679adec, 3 of 3 repetitions); after, on the same data: inconclusive (regime not reached).")})
+CHANGES.append(recall.SHORT_CONV_CHANGE)  # shared with claim 3: the same trained models
 REMEDIES = ("sliding", "block_sparse", "linear", "ssm")
 RECALL_DECIDED = ("block_sparse", "linear", "ssm")  # the sliding window's recall is bounded by its reach: shown
 # Quick scale trains a bounded window and a fixed state (sliding, linear); block_sparse and the SSM are trained

@@ -8,6 +8,10 @@ softmax(q k^T) is replaced by a feature map phi(x) = elu(x) + 1, so causal atten
   across chunks the running (S, z) come from one cumulative sum over chunk summaries. Work O(T*C*D + T*D^2).
 - recurrent form, for decode: the fixed-size state (S, z) per head is updated once per token.
 Both forms are tested to agree. The state's bytes do not depend on the context length.
+
+q, k and v first pass a short causal convolution (``short_conv`` wide, then SiLU; short_conv.py), as in
+Based and the Zoology baselines: it lets a token's key carry the token before it, which is how a fixed state
+binds a key to its value. Its last inputs are part of the state.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.models.short_conv import ShortConv
 from attnlab.models.state import FixedState
 
 
@@ -23,7 +28,8 @@ def phi(x: torch.Tensor) -> torch.Tensor:
 
 
 class LinearState(FixedState):
-    """S (L, B, H, D, D): running sum of phi(k) v^T; z (L, B, H, D): running sum of phi(k)."""
+    """S (L, B, H, D, D): running sum of phi(k) v^T; z (L, B, H, D): running sum of phi(k); conv
+    (L, B, short_conv - 1, 3 H D): the last inputs of the short convolution (absent without one)."""
 
 
 def linear_parallel(q, k, v, S0, z0, chunk: int, eps: float = 1e-6):
@@ -64,11 +70,19 @@ class LinearAttention(nn.Module):
         self.layer_idx, self.n_heads, self.head_dim, self.chunk = layer_idx, cfg.n_heads, cfg.head_dim, cfg.chunk_size
         self.wqkv = nn.Linear(cfg.dim, 3 * cfg.n_heads * cfg.head_dim, bias=cfg.bias or cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=cfg.bias)
+        self.conv = ShortConv(3 * cfg.n_heads * cfg.head_dim, cfg.short_conv) if cfg.short_conv else None
 
     def forward(self, x, positions, pos_enc, state=None, force: str | None = None):
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
-        q, k, v = self.wqkv(x).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # each (B, H, T, D)
+        qkv = self.wqkv(x)  # (B, T, 3 H D)
+        if self.conv is not None:
+            tail = None if state is None else state.conv[self.layer_idx]
+            qkv, tail = self.conv(qkv, tail, None if state is None else state.lengths)
+            qkv = F.silu(qkv)
+            if state is not None:
+                state.conv[self.layer_idx].copy_(tail)
+        q, k, v = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # each (B, H, T, D)
         q, k = phi(q), phi(k)
         live = None if state is None else state.valid_mask(x.device)
         if live is not None:  # filler beyond a row's length must not enter the sums
@@ -91,7 +105,9 @@ class LinearAttention(nn.Module):
 
 
 def new_linear_state(cfg, batch_size: int, dtype, device) -> LinearState:
-    return LinearState({"S": torch.zeros(cfg.n_layers, batch_size, cfg.n_heads, cfg.head_dim, cfg.head_dim,
-                                         dtype=dtype, device=device),
-                        "z": torch.zeros(cfg.n_layers, batch_size, cfg.n_heads, cfg.head_dim, dtype=dtype,
-                                         device=device)})
+    L, H, D = cfg.n_layers, cfg.n_heads, cfg.head_dim
+    tensors = {"S": torch.zeros(L, batch_size, H, D, D, dtype=dtype, device=device),
+               "z": torch.zeros(L, batch_size, H, D, dtype=dtype, device=device)}
+    if cfg.short_conv:
+        tensors["conv"] = torch.zeros(L, batch_size, cfg.short_conv - 1, 3 * H * D, dtype=dtype, device=device)
+    return LinearState(tensors)

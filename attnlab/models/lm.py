@@ -85,8 +85,8 @@ class LanguageModel(nn.Module):
         std = self.cfg.init_std
         for name, p in self.named_parameters():
             if p.dim() >= 2:
-                if name.endswith("A_log"):
-                    continue  # the SSM's decay rates keep their structured init
+                if name.endswith(("A_log", "conv.weight")):
+                    continue  # the SSM's decay rates keep their structured init; short convolutions, Conv1d's
                 scaled = name.endswith(("attn.wo.weight", "mlp.w2.weight", "attn.out_proj.weight"))
                 nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layers) if scaled else std)
             elif name.endswith("bias") and not name.endswith("dt_up.bias"):  # the SSM's step sizes keep theirs

@@ -8,8 +8,9 @@ The recurrence h_t = a_t h_{t-1} + b_t is linear, so it can be computed two ways
 - ``sequential``: a loop over T dependent steps (depth grows like T);
 - ``parallel``: a Hillis-Steele scan over the associative pairs (a, b) o (a', b') = (a a', a' b + b'),
   log2(T) rounds of elementwise work over the whole sequence (depth grows like log T, work T log T).
-Decode carries h (fixed size) from token to token. No convolution branch (Mamba's short conv is left out
-to keep the state a single tensor).
+Decode carries h (fixed size) from token to token, and the short convolution's last inputs: as in Mamba,
+u passes a causal depthwise convolution (``short_conv`` wide, then SiLU; short_conv.py) before Delta, B and C
+are read from it, so the state can bind a token to the one before it.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.models.short_conv import ShortConv
 from attnlab.models.ssm_loop import sequential_scan
 from attnlab.models.state import FixedState
 
@@ -27,7 +29,8 @@ DT_RANGE = (1e-3, 1e-1)  # the initial step sizes Delta (Gu & Dao 2023, section 
 
 
 class SSMState(FixedState):
-    """h (L, B, E, N): each layer's state, the same bytes at any context length."""
+    """h (L, B, E, N): each layer's state; conv (L, B, short_conv - 1, E): the short convolution's last inputs
+    (absent without one). The same bytes at any context length."""
 
 
 def scan_sequential(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor):
@@ -85,6 +88,7 @@ class SelectiveSSM(nn.Module):
         self.E, self.N, self.scan = E, N, cfg.scan
         rank = max(1, math.ceil(cfg.dim / 16))
         self.in_proj = nn.Linear(cfg.dim, 2 * E, bias=False)
+        self.conv = ShortConv(E, cfg.short_conv) if cfg.short_conv else None
         self.dt_down = nn.Linear(E, rank, bias=False)
         self.dt_up = nn.Linear(rank, E, bias=True)
         # Mamba's step-size init: Delta starts log-uniform in [1e-3, 1e-1] per channel (the bias is softplus's
@@ -101,6 +105,12 @@ class SelectiveSSM(nn.Module):
     def forward(self, x, positions, pos_enc, state=None, force: str | None = None):
         B, T, _ = x.shape
         u, gate = self.in_proj(x).chunk(2, dim=-1)  # (B, T, E) each
+        if self.conv is not None:
+            tail = None if state is None else state.conv[self.layer_idx]
+            u, tail = self.conv(u, tail, None if state is None else state.lengths)
+            u = F.silu(u)
+            if state is not None:
+                state.conv[self.layer_idx].copy_(tail)
         delta = F.softplus(self.dt_up(self.dt_down(u)))  # (B, T, E) > 0
         Bt, Ct = self.bc(u).chunk(2, dim=-1)  # (B, T, N)
         A = -torch.exp(self.A_log.float())  # (E, N) < 0: a decaying state
@@ -116,5 +126,8 @@ class SelectiveSSM(nn.Module):
 
 
 def new_ssm_state(cfg, batch_size: int, dtype, device) -> SSMState:
-    return SSMState({"h": torch.zeros(cfg.n_layers, batch_size, cfg.ssm_expand * cfg.dim, cfg.ssm_state,
-                                      dtype=dtype, device=device)})
+    E = cfg.ssm_expand * cfg.dim
+    tensors = {"h": torch.zeros(cfg.n_layers, batch_size, E, cfg.ssm_state, dtype=dtype, device=device)}
+    if cfg.short_conv:
+        tensors["conv"] = torch.zeros(cfg.n_layers, batch_size, cfg.short_conv - 1, E, dtype=dtype, device=device)
+    return SSMState(tensors)
