@@ -174,7 +174,7 @@ def cmd_info(args) -> int:
         print(json.dumps(info))
         return 0
     print(f"{args.target}: {cfg.family}, {info['params']:,} parameters")
-    if cfg.is_recurrent:
+    if info["state_bytes_fixed"]:
         print(f"  state: {info['state_bytes_fixed']:,} bytes (fp32), the same at any context length")
     else:
         print(f"  KV cache: {info['state_bytes_per_token']:,} bytes per token (fp32), "

@@ -94,6 +94,17 @@ def test_config_from_before_qkv_bias_still_loads(ckpt):
     assert cfg.model.qkv_bias is False and model.backbone.blocks[0].attn.wqkv.bias is None
 
 
+@pytest.mark.parametrize("family", ["linear", "ssm"])
+def test_config_from_before_the_short_convolution_still_loads(tmp_path, family):
+    model = build_model(tiny(family=family, short_conv=0)).eval()  # what such a model was: no convolution
+    save_checkpoint(tmp_path, model, RunConfig(model=model.cfg))
+    _rewrite_config(tmp_path, lambda d: d["model"].pop("short_conv"))
+    loaded, cfg = load_checkpoint(tmp_path)
+    x = torch.randint(0, 37, (2, 9))
+    assert cfg.model.short_conv == 0
+    torch.testing.assert_close(loaded(x)[0], model(x)[0], atol=0, rtol=0)
+
+
 def test_config_that_does_not_fit_the_weights(ckpt):
     _rewrite_config(ckpt, lambda d: d["model"].update(dim=64, head_dim=None, hidden_dim=None))
     with pytest.raises(CheckpointError, match="shape"):

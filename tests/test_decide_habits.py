@@ -51,7 +51,7 @@ def test_e15():
     assert check("e15_position", _e15(u, flat, u), INCONCLUSIVE).qualifier == UNSTABLE
 
 
-def _e16(*reps, base=0.95, facts=8, pair=0.9, padded=None):
+def _e16(*reps, base=0.95, facts=8, pair=0.9, padded=0.96):
     """reps: (short acc, long acc, short prefill s, long prefill s) per repetition; ``padded``: the control's
     accuracy (None: a run before the control)."""
     control = {} if padded is None else {"padded, no distractor": {**_np(padded, 256, 1), "prefill_s": [5e-3] * 5}}
@@ -77,7 +77,8 @@ def test_e16():
     assert check("e16_send_relevant", _e16(good, pair=0.5), INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
     assert check("e16_send_relevant", _e16(good, (0.7, 0.95, 1e-3, 6e-3), good), INCONCLUSIVE).qualifier == UNSTABLE
     # the padded control: the fact in plain corpus text at the trained length can answer better, and then refutes
-    check("e16_send_relevant", _e16(good, good, good, padded=0.96), SUPPORTED)
+    d = check("e16_send_relevant", _e16(good, good, good, padded=None), INCONCLUSIVE)  # a run without the control
+    assert "no padded control" in " ".join(d.reasons)
     d = check("e16_send_relevant", _e16(*[(0.8, 0.75, 1e-3, 6e-3)] * 3, padded=0.99), NOT_SUPPORTED)
     assert "padded, no distractor better by more than 2 s.e." in " ".join(d.reasons)
 

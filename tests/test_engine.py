@@ -271,6 +271,22 @@ def test_sample_continuations_are_prompts_from_the_text_and_greedy_continuations
         assert any(text[i:i + 12] == prompt for i in range(len(text) - 11))
         assert s[12:] == generate(model, prompt, 6).tokens
     assert sample_continuations(model, ids, 5, 12, 6, seed=4, batch=5) == seqs  # seeded; batching changes nothing
+    hot = SamplingParams(temperature=1.0, seed=9)
+    sampled = sample_continuations(model, ids, 5, 12, 6, seed=4, batch=2, params=hot)
+    assert sample_continuations(model, ids, 5, 12, 6, seed=4, batch=5, params=hot) == sampled
+    for i, s in enumerate(sampled):  # row i draws with seed 9 + i, as it would alone
+        assert s[12:] == generate(model, s[:12], 6, SamplingParams(temperature=1.0, seed=9 + i)).tokens
+
+
+def test_generate_takes_one_sampling_setting_per_prompt():
+    model = lively(dim=64, n_heads=4)
+    per = [SamplingParams(temperature=1.0, seed=s) for s in (0, 1, 2)]
+    together = generate(model, [[1, 2, 3]] * 3, 8, per).completions
+    alone = [generate(model, [1, 2, 3], 8, p).tokens for p in per]
+    assert [c.tokens for c in together] == alone and len({tuple(a) for a in alone}) > 1  # the seeds differ
+    assert [c.tokens for c in generate(model, [[1, 2, 3]] * 3, 8, per, use_cache=False).completions] == alone
+    with pytest.raises(AttnlabError, match="2 sampling settings for 3 prompts"):
+        generate(model, [[1, 2, 3]] * 3, 8, per[:2])
 
 
 @pytest.mark.parametrize("family", ["transformer", "gru", "linear"])

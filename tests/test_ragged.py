@@ -3,6 +3,7 @@ rollback and adding / releasing rows through the State interface; the log-sum-ex
 import pytest
 import torch
 
+from attnlab.errors import AttnlabError
 from attnlab.models import build_model
 from attnlab.models.flash import flash_attention, merge_attention
 from attnlab.models.attention import KERNELS
@@ -78,10 +79,15 @@ def test_a_contiguous_cache_grown_row_by_row_keeps_every_row_and_never_writes_ov
     cache.add_sequence()  # must not land on the row just taken
     cache.k[1][4].fill_(9)
     assert int(taken.k[1][0, 0, 0, 0]) == 4
-    cache.release(1)
-    cache.v[0] = cache.v[0].clone()  # rows replaced from outside: the next row goes to fresh storage
+    cache.v[0] = cache.v[0].clone()  # rows replaced from outside while the storage has room: extend keeps them
+    cache.v[0][0].fill_(7)
     cache.add_sequence()
-    assert [int(x) for x in cache.k[1][:, 0, 0, 0]] == [0, 2, 3, 9, 0] and cache.v[0].shape[0] == 5
+    assert int(cache.v[0][0, 0, 0, 0]) == 7 and cache.v[0].shape[0] == 6
+    cache.release(1)
+    cache.add_sequence()
+    assert [int(x) for x in cache.k[1][:, 0, 0, 0]] == [0, 2, 3, 9, 0, 0] and cache.v[0].shape[0] == 6
+    with pytest.raises(AttnlabError, match="cannot join a cache of 2 layers x \\(1, 8, 4\\)"):
+        cache.extend(KVCache.allocate(2, 1, 1, 8, 4))  # one head against two
 
 
 @pytest.mark.parametrize("paged", [False, True])

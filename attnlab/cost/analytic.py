@@ -134,8 +134,8 @@ def forward_elementwise(a: Arch, T: int, S: int = 0, batch: int = 1, sampled_row
     (half-split, negate, concatenate, multiply, multiply-add); softmax H*keys (the exponentials of the scores;
     + H*keys for an ALiBi bias); activation T*F (GELU) or 3*T*F (SiLU, gate product). Recurrent: the gate
     nonlinearities and state updates, (2 + 3*gates)*T*d per layer; SSM: the scan's elementwise updates
-    4*T*E*N + norms and gates; linear attention: the feature map and normaliser, 4*T*(q + kv) + norms + MLP.
-    Sampling a token from a row of logits (argmax or draw, and the log-sum-exp for its log-probability): 2*V
+    4*T*E*N + norms and gates; linear attention: the feature map and normaliser, 4*T*(q + kv) + norms + MLP;
+    either with a short convolution: its SiLU, T*C (conv_channels). Sampling a token from a row of logits (argmax or draw, and the log-sum-exp for its log-probability): 2*V
     per sampled row. Narrow models spend a large share of a CPU prefill here."""
     d, L = a.dim, a.n_layers
     if a.family in ("rnn", "lstm", "gru"):
@@ -155,6 +155,8 @@ def forward_elementwise(a: Arch, T: int, S: int = 0, batch: int = 1, sampled_row
             parts["softmax"] = L * a.n_heads * keys * (2 if a.pos == "alibi" else 1)
             if a.pos == "rope":
                 parts["rotary"] = L * 5 * T * (q + kv)
+    if conv_channels(a):
+        parts["short_conv"] = L * T * conv_channels(a)
     parts["sampling"] = 2 * sampled_rows * a.vocab_size
     parts = {k: v * batch for k, v in parts.items()}
     parts["total"] = sum(parts.values())

@@ -145,4 +145,11 @@ def changes(threshold: str, regime: str) -> list[dict]:
                  "and speculative sampling must then match distributions, not a loop: the regime the claim is about, "
                  "measured. Verdict before: inconclusive (regime not reached; the data alone read supported, 2.78-2.86x "
                  "held out at k = 4, greedy). Verdict after: reports/HISTORY.md, the reference run at the commit that "
-                 "made this change.")}]
+                 "made this change.")},
+        {"date": "2026-12-05", "what": "method: each distillation sample drawn with its own seed",
+         "old": "the draft's training continuations sampled in batches of 32 whose rows all drew with one seed",
+         "new": "row i of the continuations drawn with seed 1 + i (engine.generate.sample_continuations)",
+         "why": ("A review found that every row of a batch drew the same random numbers at each step: each row a "
+                 "correct sample of the target, but the rows not independent, so the draft learned from less varied "
+                 "text than the count of samples says. Threshold and regime unchanged. Verdict before: supported "
+                 "(19e67a4 at 2fc33df, 3 of 3 rounds); after: the next reference run.")}]

@@ -77,11 +77,7 @@ class LinearAttention(nn.Module):
         H, D = self.n_heads, self.head_dim
         qkv = self.wqkv(x)  # (B, T, 3 H D)
         if self.conv is not None:
-            tail = None if state is None else state.conv[self.layer_idx]
-            qkv, tail = self.conv(qkv, tail, None if state is None else state.lengths)
-            qkv = F.silu(qkv)
-            if state is not None:
-                state.conv[self.layer_idx].copy_(tail)
+            qkv = self.conv.mix(qkv, state, self.layer_idx)
         q, k, v = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # each (B, H, T, D)
         q, k = phi(q), phi(k)
         live = None if state is None else state.valid_mask(x.device)

@@ -42,3 +42,12 @@ class ShortConv(nn.Module):
             idx = lengths.to(x.device)[:, None] + torch.arange(w - 1, device=x.device)[None, :]  # (B, w - 1)
             new_tail = xx.gather(1, idx[:, :, None].expand(B, w - 1, C))
         return y, new_tail
+
+    def mix(self, x: torch.Tensor, state, layer: int) -> torch.Tensor:
+        """What a mixer runs: SiLU of the convolution of x (B, T, C), reading and writing ``layer``'s tail in a
+        fixed state's ``conv`` tensor (L, B, width - 1, C); ``state`` None: a fresh sequence, nothing kept."""
+        if state is None:
+            return F.silu(self(x)[0])
+        y, tail = self(x, state.conv[layer], state.lengths)
+        state.conv[layer].copy_(tail)
+        return F.silu(y)

@@ -106,11 +106,7 @@ class SelectiveSSM(nn.Module):
         B, T, _ = x.shape
         u, gate = self.in_proj(x).chunk(2, dim=-1)  # (B, T, E) each
         if self.conv is not None:
-            tail = None if state is None else state.conv[self.layer_idx]
-            u, tail = self.conv(u, tail, None if state is None else state.lengths)
-            u = F.silu(u)
-            if state is not None:
-                state.conv[self.layer_idx].copy_(tail)
+            u = self.conv.mix(u, state, self.layer_idx)
         delta = F.softplus(self.dt_up(self.dt_down(u)))  # (B, T, E) > 0
         Bt, Ct = self.bc(u).chunk(2, dim=-1)  # (B, T, N)
         A = -torch.exp(self.A_log.float())  # (E, N) < 0: a decaying state

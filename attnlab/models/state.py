@@ -257,6 +257,12 @@ class KVCache(Rows):
         batch being admitted) cost O(n) row copies, where concatenating whole caches cost O(n^2)."""
         if other.k[0].shape[2] != self.k[0].shape[2]:
             raise AttnlabError(f"cannot join caches of {other.k[0].shape[2]} and {self.k[0].shape[2]} slots per row")
+        ours, theirs = self.k[0], other.k[0]
+        if (len(other.k) != len(self.k) or theirs.shape[1:] != ours.shape[1:] or theirs.dtype != ours.dtype
+                or theirs.device != ours.device):  # copy_ below would broadcast or convert where it should refuse
+            raise AttnlabError(f"cannot join a cache of {len(other.k)} layers x {tuple(theirs.shape[1:])} {theirs.dtype} "
+                               f"on {theirs.device} to one of {len(self.k)} layers x {tuple(ours.shape[1:])} "
+                               f"{ours.dtype} on {ours.device}")
         if self.batch_size == 0:  # adopt the other's tensors: no copy
             self.k, self.v, self.pos, self._spare = other.k, other.v, other.pos, None
             return
