@@ -118,9 +118,8 @@ def measure(scale: str, device: str) -> dict:
             rep["kinds"][k] = {**needle.probe(model, t["text"], s.probe_n, length, facts, seed + 1 + i, device),
                                "prefill_s": []}
             x, _, _ = needle.needle_batch(t["text"], BATCH, length, facts, torch.Generator().manual_seed(seed + 9 + i))
-            if k != PADDED:  # the control is scored for accuracy only: its cost is the long prompt's
-                prompts[k] = x[:, :1 - needle.DIGITS].to(device)  # through "key = ", as a server would receive it
-        with torch.inference_mode():  # the two timed kinds alternate, each warmed up, so drift hits both alike
+            prompts[k] = x[:, :1 - needle.DIGITS].to(device)  # through "key = ", as a server would receive it
+        with torch.inference_mode():  # the kinds alternate, each warmed up, so drift hits them alike
             for j in range(ROUNDS):
                 for k in (list(prompts) if j % 2 == 0 else list(prompts)[::-1]):
                     rep["kinds"][k]["prefill_s"].append(_prefill_s(model, prompts[k], device))
