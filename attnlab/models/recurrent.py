@@ -119,14 +119,16 @@ class RecurrentLM(nn.Module):
             h = state.t["h"][layer]
             c = state.t["c"][layer] if self.kind == "lstm" else None
             outs = []
-            for t in range(x.shape[1]):  # the chain: step t cannot start before step t-1 ends
+            # unbind, not xw[:, t]: each indexed read's backward writes a full (B, T, gates*dim) zero tensor, T^2
+            # work in training (as in ssm.py); unbind's backward stacks the T gradients once.
+            for t, xw_t in enumerate(xw.unbind(1)):  # the chain: step t cannot start before step t-1 ends
                 h_prev, c_prev = h, c
                 if self.kind == "lstm":
-                    h, c = lstm_step(xw[:, t], h, c, w_hh, b_hh)
+                    h, c = lstm_step(xw_t, h, c, w_hh, b_hh)
                 elif self.kind == "gru":
-                    h = gru_step(xw[:, t], h, w_hh, b_hh)
+                    h = gru_step(xw_t, h, w_hh, b_hh)
                 else:
-                    h = rnn_step(xw[:, t], h, w_hh, b_hh)
+                    h = rnn_step(xw_t, h, w_hh, b_hh)
                 if hold is not None:
                     keep = hold[:, t, None]
                     h = torch.where(keep, h_prev, h)
