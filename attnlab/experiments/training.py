@@ -22,6 +22,7 @@ import concurrent.futures as cf
 import heapq
 import itertools
 import multiprocessing as mp
+import time
 from dataclasses import dataclass
 from typing import Callable, Generator, Iterable
 
@@ -53,13 +54,24 @@ def workers_for(device) -> int:
     return torch.get_num_threads() if torch.device(device).type == "cpu" else 1
 
 
-def run_tasks(tasks: Iterable[Task], workers: int) -> None:
-    """Run every task to its end, its jobs in up to ``workers`` one-thread processes at a time."""
+def job_record(task, job: Job, start: float, end: float, t0: float) -> dict:
+    """What the stage keeps of one finished job: its task, what it ran (the function and its plain arguments:
+    family, rate, seed...), and when it started and how long it took, in seconds from the stage's start."""
+    plain = [a for a in job.args if isinstance(a, (str, int, float))]
+    return {"task": str(task), "job": f"{job.fn.__name__}({', '.join(map(str, plain))})",
+            "start_s": round(start - t0, 2), "s": round(end - start, 2)}
+
+
+def run_tasks(tasks: Iterable[Task], workers: int, names: list | None = None) -> list[dict]:
+    """Run every task to its end, its jobs in up to ``workers`` one-thread processes at a time. Returns a record
+    of every job (job_record; ``names``: the tasks' names in order), so a slow stage shows which jobs made it."""
     tasks = list(tasks)
+    names = names or list(range(len(tasks)))
+    t0, records = time.perf_counter(), []
     if workers <= 1 or not tasks:
-        for task in tasks:
-            _inline(task)
-        return
+        for name, task in zip(names, tasks):
+            _inline(task, lambda job, a, b, name=name: records.append(job_record(name, job, a, b, t0)))
+        return records
     order = itertools.count()
     ready: list = []  # heap of (priority, order, task index, slot)
     batches: dict = {}  # task index -> [results, jobs left, jobs]
@@ -79,41 +91,50 @@ def run_tasks(tasks: Iterable[Task], workers: int) -> None:
             heapq.heappush(ready, (job.priority, next(order), i, slot))
 
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=one_thread) as pool:
-        running: dict = {}  # future -> (task index, slot)
+        running: dict = {}  # future -> (task index, slot, submitted at)
         for i in range(len(tasks)):
             advance(i, None)
         while ready or running:
             while ready and len(running) < workers:  # submitted one per free worker, so the heap decides what runs next
                 _, _, i, slot = heapq.heappop(ready)
                 job = batches[i][2][slot]
-                running[pool.submit(job.fn, *job.args)] = (i, slot)
+                running[pool.submit(job.fn, *job.args)] = (i, slot, time.perf_counter())
             done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
             for future in done:
-                i, slot = running.pop(future)
+                i, slot, start = running.pop(future)
                 batch = batches[i]
                 batch[0][slot] = future.result()
+                records.append(job_record(names[i], batch[2][slot], start, time.perf_counter(), t0))
                 batch[1] -= 1
                 if batch[1] == 0:
                     del batches[i]
                     advance(i, batch[0])
+    return records
 
 
-def _inline(task: Task) -> None:
+def _inline(task: Task, done: Callable) -> None:
     results = None
     while True:
         try:
             jobs = next(task) if results is None else task.send(results)
         except StopIteration:
             return
-        results = [job.fn(*job.args) for job in jobs]
+        results = []
+        for job in jobs:
+            start = time.perf_counter()
+            results.append(job.fn(*job.args))
+            done(job, start, time.perf_counter())
 
 
-def prepare(hooks, scale: str, device: str, workers: int | None = None) -> int:
+def prepare(hooks, scale: str, device: str, workers: int | None = None, jobs: list | None = None) -> int:
     """Train what the claims need, all in one pool: each of ``hooks`` (a claim module's ``training(scale, device)``)
-    gives its tasks by key, and a task two claims share (the same key) runs once. Returns how many tasks ran."""
+    gives its tasks by key, and a task two claims share (the same key) runs once. Returns how many tasks ran;
+    ``jobs``, if given, receives every job's record (job_record)."""
     tasks: dict = {}
     for hook in hooks:
         for key, task in hook(scale, device).items():
             tasks.setdefault(key, task)
-    run_tasks(tasks.values(), workers or workers_for(device))
+    records = run_tasks(tasks.values(), workers or workers_for(device), names=["/".join(map(str, k)) for k in tasks])
+    if jobs is not None:
+        jobs.extend(records)
     return len(tasks)

@@ -63,18 +63,19 @@ class Stage:
 
 def training_stage(chosen, scale: str, device: str, progress=None) -> dict:
     """Train every model the chosen claims need before the first one runs (experiments/training.py), so the claims
-    that time something run on a quiet machine: {"s", "tasks", "workers"}. Each claim's elapsed_s leaves this out."""
+    that time something run on a quiet machine: {"s", "tasks", "workers", "jobs"} (each job's record:
+    training.job_record). Each claim's elapsed_s leaves this out."""
     from attnlab.experiments import training
 
     hooks = [e.training for e in chosen if e.training]
     if not hooks:
-        return {"s": 0.0, "tasks": 0, "workers": 0}
+        return {"s": 0.0, "tasks": 0, "workers": 0, "jobs": []}
     if progress:
         progress(Stage(), None)
     t = time.perf_counter()
-    workers = training.workers_for(device)
-    n = training.prepare(hooks, scale, device, workers)
-    out = {"s": time.perf_counter() - t, "tasks": n, "workers": workers}
+    workers, jobs = training.workers_for(device), []
+    n = training.prepare(hooks, scale, device, workers, jobs)
+    out = {"s": time.perf_counter() - t, "tasks": n, "workers": workers, "jobs": jobs}
     if progress:
         progress(Stage(), {"elapsed_s": out["s"], "verdict": "trained",
                            "figure": f"{n} training tasks, {workers} at a time"})
