@@ -81,7 +81,7 @@ def _rec(acc_top, acc_small=None, near=0.9, far=0.9, pairs=(4, 8)):
 
 
 def _e03():
-    """A fake claim-3 measurement (its verdicts are tested in test_decide.py)."""
+    """A fake claim-3 measurement (its verdicts are tested in test_decide_parallel.py)."""
     grads = {f: [1.0, 1e-40] for f in e03.GRADIENT_FAMILIES}
     grads["transformer"] = [1.0, 0.5]
     rec = {f: {**_rec((0.5, 0.52, 0.49), (0.8, 0.8, 0.8)), "lr_sweep": {3e-4: 0.5, 1e-3: 0.6, 3e-3: 0.55},

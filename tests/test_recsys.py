@@ -300,7 +300,7 @@ def test_synthetic_is_deterministic_and_has_its_knobs():
         SyntheticConfig(habit=0.6, long_range=0.6)
 
 
-# --- claim 18 end to end (its verdicts are tested in test_decide.py) -----------------------------------------------
+# --- claim 18 end to end (its verdicts are tested in test_decide_habits.py) --------------------------------------
 def test_claim_18_quick_runs(monkeypatch):
     """The quick scale end to end (synthetic, a few epochs), with a verdict, a table and a plot."""
     from attnlab.experiments import e18_recsys as e18
