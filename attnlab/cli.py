@@ -156,8 +156,8 @@ def describe(cfg) -> dict:
 
     with torch.device("meta"):
         model = build_model(cfg, device="meta")
-    if cfg.is_recurrent:
-        fixed = cfg.n_layers * cfg.dim * 4 * (2 if cfg.family == "lstm" else 1)
+    if cfg.is_recurrent or cfg.family in ("linear", "ssm"):  # a fixed-size state: its bytes, as built
+        fixed = model.new_state(1, dtype=torch.float32, device="meta").nbytes
         state = {"state_bytes_per_token": 0, "state_bytes_fixed": fixed}
     else:
         state = {"state_bytes_per_token": 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4,
@@ -174,7 +174,7 @@ def cmd_info(args) -> int:
         print(json.dumps(info))
         return 0
     print(f"{args.target}: {cfg.family}, {info['params']:,} parameters")
-    if cfg.is_recurrent:
+    if info["state_bytes_fixed"]:
         print(f"  state: {info['state_bytes_fixed']:,} bytes (fp32), the same at any context length")
     else:
         print(f"  KV cache: {info['state_bytes_per_token']:,} bytes per token (fp32), "

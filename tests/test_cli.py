@@ -49,6 +49,18 @@ def test_info_for_checkpoint_and_preset(trained):
     assert info["params"] == 124_439_808 and info["state_bytes_per_token"] == 73_728  # 72 KiB/token fp32
 
 
+@pytest.mark.parametrize("family", ["lstm", "linear", "ssm"])
+def test_info_gives_a_fixed_state_its_bytes(family):
+    from attnlab.cli import describe
+    from attnlab.config import ModelConfig
+    from attnlab.models import build_model
+
+    cfg = ModelConfig(family=family, pos="none", dim=32, n_layers=2, n_heads=4, vocab_size=40)
+    info = describe(cfg)
+    assert info["state_bytes_per_token"] == 0
+    assert info["state_bytes_fixed"] == build_model(cfg).new_state(1).nbytes > 0
+
+
 @pytest.mark.parametrize("args,needle", [
     (["train", "--out", "x", "--family", "mamba"], "invalid choice: 'mamba'"),
     (["train", "--out", "x", "--kernel", "flashy"], "invalid choice: 'flashy'"),
