@@ -156,12 +156,9 @@ def describe(cfg) -> dict:
 
     with torch.device("meta"):
         model = build_model(cfg, device="meta")
-    if cfg.is_recurrent or cfg.family in ("linear", "ssm"):  # a fixed-size state: its bytes, as built
-        fixed = model.new_state(1, dtype=torch.float32, device="meta").nbytes
-        state = {"state_bytes_per_token": 0, "state_bytes_fixed": fixed}
-    else:
-        state = {"state_bytes_per_token": 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4,
-                 "state_bytes_fixed": 0}
+    built = model.new_state(1, dtype=torch.float32, device="meta")  # the state's own accounting: nothing allocated
+    per_token = built.bytes_per_token
+    state = {"state_bytes_per_token": per_token, "state_bytes_fixed": 0 if per_token else built.nbytes}
     return {"params": count_params(model), **state, "dtype": "fp32", "config": cfg.to_dict()}
 
 
