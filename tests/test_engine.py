@@ -1,4 +1,6 @@
 """The inference engine: batching, caching, sampling, stopping, streaming, prefix reuse, precision."""
+import math
+
 import pytest
 import torch
 
@@ -107,6 +109,22 @@ def test_sampling_is_seeded_and_top_k1_is_greedy():
     greedy = generate(model, [1, 2], 10).tokens
     assert generate(model, [1, 2], 10, SamplingParams(temperature=1.5, top_k=1, seed=3)).tokens == greedy
     assert generate(model, [1, 2], 10, SamplingParams(temperature=1.5, top_p=1e-6, seed=3)).tokens == greedy
+
+
+def test_greedy_rows_pick_the_first_maximum_its_log_probability_and_flag_every_non_finite_row():
+    from attnlab.engine.sampling import greedy_rows
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 300, generator=g)
+    logits[1, 7] = logits[1, 200] = logits[1].max() + 1  # a tie: the first one, as argmax
+    logits[2, 3], logits[3, 9], logits[4, 0] = math.nan, math.inf, -math.inf
+    logits[5] = -math.inf
+    finite, ids, lps = greedy_rows(logits.to(torch.bfloat16).float())
+    rows = logits.to(torch.bfloat16).float()
+    assert finite == [True, True, False, False, False, False]
+    assert ids[:2] == rows[:2].argmax(-1).tolist() and ids[1] == 7
+    want = torch.log_softmax(rows[:2], -1).gather(1, torch.tensor(ids[:2])[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(lps[:2]), want, atol=1e-6)
 
 
 def test_repetition_penalty_discourages_repeats():

@@ -34,10 +34,15 @@ def test_the_choice_is_a_candidate_measured_once_per_shape(monkeypatch):
     w = torch.randn(384, 256)
     path = many_rows.choose(w, None)
     assert path in many_rows.candidates(w)
-    assert many_rows._chosen == {(256, 384, torch.float32, False, False): path}
+    assert many_rows._chosen == {(256, 384, torch.float32, False, False, "prompt"): path}
+    batch = many_rows.choose(w, None, 40)  # a batch's decode step: chosen apart, at its own row count
+    assert many_rows._chosen[(256, 384, torch.float32, False, False, "batch")] == batch and len(many_rows._chosen) == 2
     calls = []
     monkeypatch.setattr(many_rows, "linear", lambda *a: calls.append(a))
     assert many_rows.choose(torch.randn(384, 256), None) == path and not calls  # remembered, not timed again
+    assert many_rows.choose(torch.randn(384, 256), None, many_rows.BATCH_MAX) == batch and not calls
+    assert [many_rows.bucket(n) for n in (17, many_rows.BATCH_MAX, many_rows.BATCH_MAX + 1)] == ["batch", "batch",
+                                                                                                  "prompt"]
 
 
 def test_a_path_that_fails_here_is_not_chosen(monkeypatch):
@@ -68,11 +73,15 @@ def test_a_call_autograd_records_runs_f_linear():
 def test_a_dense_linear_of_any_layout_reads_the_chosen_gemm_above_its_rows(layout, many, bias, monkeypatch):
     lin = torch.nn.Linear(256, 320, bias=bias)
     monkeypatch.setattr(DenseLinear, "_chosen", {(256, 320, torch.float32, 1, bias, False): layout})
-    monkeypatch.setattr(many_rows, "_chosen", {(256, 320, torch.float32, bias, layout == "matmul"): many})
+    other = next(p for p in many_rows.PATHS if p != many)  # the prompt's choice, unlike the batch's
+    key = (256, 320, torch.float32, bias, layout == "matmul")
+    monkeypatch.setattr(many_rows, "_chosen", {(*key, "batch"): many, (*key, "prompt"): other})
     dense = DenseLinear(lin, torch.float32)
     if dense.path != layout:
         pytest.skip(f"{layout} is not built into this torch, or not a candidate here")
-    assert dense.many_path == ("onednn" if layout == "onednn" else many)  # a oneDNN-packed weight stays oneDNN's
+    # a oneDNN-packed weight stays oneDNN's
+    assert dense.many_paths == ({"batch": "onednn", "prompt": "onednn"} if layout == "onednn" else
+                                {"batch": many, "prompt": other})
     calls = []
     real = many_rows.linear
     monkeypatch.setattr(many_rows, "linear", lambda path, *a: calls.append(path) or real(path, *a))
@@ -80,7 +89,7 @@ def test_a_dense_linear_of_any_layout_reads_the_chosen_gemm_above_its_rows(layou
         for m in (1, 16, 17, 200):
             x = torch.randn(m, 256)
             torch.testing.assert_close(dense(x), lin(x), atol=1e-4, rtol=1e-4)
-    assert calls == ([] if layout == "onednn" else [many, many])  # the 17- and 200-row calls, not the few-row ones
+    assert calls == ([] if layout == "onednn" else [many, other])  # the 17- and 200-row calls, not the few-row ones
 
 
 def test_int8_prefill_widens_through_the_chosen_gemm(monkeypatch):

@@ -72,7 +72,11 @@ def test_a_contiguous_cache_grown_row_by_row_keeps_every_row_and_never_writes_ov
     from attnlab.models.state import KVCache
     cache = KVCache.allocate(2, 0, 2, 8, 4)
     for i in range(5):  # rows added one at a time land in spare rows of doubling storage
-        cache.add_sequence()
+        if cache._spare is not None and cache._spare[0].shape[0] > i:
+            for t in cache._spare:
+                t[i].fill_(float("nan"))  # the spare row as uninitialised storage may hold it
+        assert cache.add_sequence() == i
+        assert all(not t[i].any() for t in cache.k + cache.v)  # zeroed in place
         cache.k[1][i].fill_(i)
     assert [int(x) for x in cache.k[1][:, 0, 0, 0]] == [0, 1, 2, 3, 4]
     taken = cache.take([4])  # a view of the storage's row 4
@@ -86,6 +90,7 @@ def test_a_contiguous_cache_grown_row_by_row_keeps_every_row_and_never_writes_ov
     cache.release(1)
     cache.add_sequence()
     assert [int(x) for x in cache.k[1][:, 0, 0, 0]] == [0, 2, 3, 9, 0, 0] and cache.v[0].shape[0] == 6
+    assert cache.pos.tolist() == [0] * 6 and all(not t[5].any() for t in cache.k + cache.v)
     with pytest.raises(AttnlabError, match="cannot join a cache of 2 layers x \\(1, 8, 4\\)"):
         cache.extend(KVCache.allocate(2, 1, 1, 8, 4))  # one head against two
 

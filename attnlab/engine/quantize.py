@@ -88,7 +88,8 @@ class DenseLinear(nn.Module):
     ``rows``: how many rows (batch x tokens) the decode calls will usually carry: 1 for plain decoding, k+1
     for the target of speculative decoding, B for a batch of B sequences. Packed layouts are laid out for
     that size (weights packed for 1 row make a 4-row call much slower than weights packed for 4). Prefill (more than ``rows`` and kernels.MAX_ROWS rows) reads the same weight through
-    engine/many_rows, whose library GEMM is chosen by its own measurement (``many_path``); a weight packed by
+    engine/many_rows, whose library GEMM is chosen by its own measurement (``many_paths``: one for a batch's decode
+    step, one for a prompt); a weight packed by
     oneDNN is read by oneDNN at every row count.
 
     ``few_rows`` (fp32 or bf16 on a CPU where attnlab's kernel builds: attnlab/kernels): up to kernels.MAX_ROWS
@@ -123,7 +124,10 @@ class DenseLinear(nn.Module):
             self._chosen[key] = path
         self.path = path
         builders[path]()
-        self.many_path = "onednn" if path == "onednn" else many_rows.choose(self._plain_weight(), self.bias)
+        # bucket -> the library GEMM of calls above the few rows (a oneDNN-packed weight stays oneDNN's)
+        self.many_paths = {kind: "onednn" if path == "onednn" else
+                           many_rows.choose(self._plain_weight(), self.bias, rows)
+                           for kind, rows in many_rows.PROBE_ROWS.items()}
 
     def _plain_weight(self) -> torch.Tensor:
         """The (out, in) weight whatever the layout (a transposed view of the (in, out) one); not for ``onednn``."""
@@ -181,7 +185,7 @@ class DenseLinear(nn.Module):
         if self.path == "onednn":
             y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
         elif x2.shape[0] > max(kernels.MAX_ROWS, self.rows):  # prefill-sized: the measured library GEMM
-            y = many_rows.linear(self.many_path, x2, self._plain_weight(), self.bias)
+            y = many_rows.linear(self.many_paths[many_rows.bucket(x2.shape[0])], x2, self._plain_weight(), self.bias)
         elif self.path == "few_rows":
             y = kernels.native().linear(x2, self.weight, _NONE, self._bias32)
         elif self.path == "mv":
@@ -246,7 +250,8 @@ class Int8Linear(nn.Module):
             self.path = self._chosen[key]
         wide = self._widen_to(act_dtype, self.weight.device)
         if wide is not None:  # the prefill product's library, measured now rather than in the first prefill
-            many_rows.choose(self.weight.to(wide), None)
+            for rows in many_rows.PROBE_ROWS.values():
+                many_rows.choose(self.weight.to(wide), None, rows)
 
     def step_operands(self) -> tuple | None:
         """(int8 weight (out, in), fp32 scale, fp32 bias or empty) for the compiled decode step, or None where this
@@ -264,7 +269,7 @@ class Int8Linear(nn.Module):
             if wide is not None:  # the weight dequantized in the product's dtype: a pass over the (out, in) weight
                 # instead of an fp32 pass over the (rows, out) product, which cost as much as the GEMM (docs/engine.md)
                 w = self.weight.to(wide).mul_(self._scale32.to(wide)[:, None])
-                y = many_rows.linear(many_rows.choose(w, None), x2.to(wide), w, None).to(x2.dtype)  # (rows, out)
+                y = many_rows.linear(many_rows.choose(w, None, x2.shape[0]), x2.to(wide), w, None).to(x2.dtype)
             elif self.out_features > self.CHUNK_ROWS:  # a wide matrix (the LM head) in row chunks: torch's kernel
                 # streams a chunk faster than the whole (docs/engine.md)
                 y = torch.cat([torch._weight_int8pack_mm(x2, w, s)

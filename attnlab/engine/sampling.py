@@ -63,13 +63,16 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 
 def greedy_rows(logits: torch.Tensor) -> tuple[list[bool], list[int], list[float]]:
-    """Greedy picks for (b, V) logits in one pass each: (whether each row is finite, its argmax, that token's
-    log-probability). One fp32 copy serves all three (reductions over a bf16 vocabulary run slower)."""
+    """Greedy picks for (b, V) logits: (whether each row is finite, its argmax, that token's log-probability).
+    One fp32 copy serves all three (reductions over a bf16 vocabulary run slower). Three reductions, not an
+    elementwise test: a NaN or +inf anywhere makes the log-sum-exp non-finite and a -inf makes the minimum so, and the
+    maximum is the picked token's logit (at 64 rows of GPT-2's vocabulary, 3 ms against 9 ms for isfinite().all(),
+    argmax and gather)."""
     rows = logits.float()
-    finite = torch.isfinite(rows).all(-1).tolist()
-    ids = rows.argmax(-1)
-    lps = (rows.gather(1, ids[:, None])[:, 0] - torch.logsumexp(rows, -1)).tolist()
-    return finite, ids.tolist(), lps
+    top, ids = rows.max(-1)
+    lse = torch.logsumexp(rows, -1)
+    finite = (torch.isfinite(lse) & torch.isfinite(rows.amin(-1))).tolist()
+    return finite, ids.tolist(), (top - lse).tolist()
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,

@@ -241,9 +241,18 @@ class KVCache(Rows):
         self.pos = new
 
     def add_sequence(self) -> int:
-        self.extend(KVCache.allocate(len(self.k), 1, self.k[0].shape[1], self.max_len, self.k[0].shape[3],
-                                     self.k[0].dtype, self.k[0].device))
-        return self.batch_size - 1
+        """A zeroed row at the end, written in place in the growing storage (not a one-row cache copied in: a batch
+        of 64 rows admitted one at a time then allocates, zeroes and copies each row once instead of twice)."""
+        B = self.batch_size
+        if B == 0:
+            self.extend(KVCache.allocate(len(self.k), 1, self.k[0].shape[1], self.max_len, self.k[0].shape[3],
+                                         self.k[0].dtype, self.k[0].device))
+            return 0
+        spare = self._room(1)
+        for t in spare:
+            t[B].zero_()
+        self._adopt(spare, B + 1, torch.cat([self.pos, self.pos.new_zeros(1)]))
+        return B
 
     def take(self, rows) -> "KVCache":
         out = type(self)(*_split_rows(self, list(rows)))
@@ -266,7 +275,16 @@ class KVCache(Rows):
         if self.batch_size == 0:  # adopt the other's tensors: no copy
             self.k, self.v, self.pos, self._spare = other.k, other.v, other.pos, None
             return
-        B, n, mine = self.batch_size, other.batch_size, self.k + self.v
+        B, n = self.batch_size, other.batch_size
+        spare = self._room(n)
+        for s, t in zip(spare, other.k + other.v):
+            s[B:B + n].copy_(t)
+        self._adopt(spare, B + n, torch.cat([self.pos, other.pos]))
+
+    def _room(self, n: int) -> list:
+        """The growing storage ([per layer k, then v] (capacity, Hkv, slots, D)) with room for n more rows after the
+        current ones, which it holds (copied over when the capacity doubles)."""
+        B, mine = self.batch_size, self.k + self.v
         spare = self._spare
         if spare is not None and any(t.data_ptr() != s.data_ptr() for t, s in zip(mine, spare)):
             spare = None  # the rows were replaced since: the storage no longer holds them
@@ -275,11 +293,13 @@ class KVCache(Rows):
             spare = [t.new_empty((cap,) + t.shape[1:]) for t in mine]
             for s, t in zip(spare, mine):
                 s[:B].copy_(t)
-        for s, t in zip(spare, other.k + other.v):
-            s[B:B + n].copy_(t)
+        return spare
+
+    def _adopt(self, spare: list, rows: int, pos: torch.Tensor) -> None:
+        """Make the storage's first ``rows`` rows the cache's, at positions ``pos``."""
         L = len(self.k)
-        self.k, self.v = [s[:B + n] for s in spare[:L]], [s[:B + n] for s in spare[L:]]  # (B + n, Hkv, slots, D)
-        self.pos, self._spare = torch.cat([self.pos, other.pos]), spare
+        self.k, self.v = [s[:rows] for s in spare[:L]], [s[:rows] for s in spare[L:]]  # (rows, Hkv, slots, D)
+        self.pos, self._spare = pos, spare
 
 
 class RollingKVCache(KVCache):
