@@ -4,7 +4,7 @@ import copy
 import pytest
 import torch
 
-from attnlab.data.synthetic import IGNORE, recall_batch, recall_vocab
+from attnlab.data.synthetic import IGNORE, MARK, QUERY, marked_recall_batch, recall_batch, recall_vocab
 from attnlab.errors import DataError
 from attnlab.experiments import recall
 from attnlab.experiments.base import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED
@@ -32,8 +32,33 @@ def test_recall_batch_rejects_what_does_not_fit():
         recall_batch(1, 20, 64, 8, torch.Generator(), filler=8)
 
 
+def test_marked_recall_asks_for_the_token_after_the_marker():
+    x, y, info = marked_recall_batch(64, 32, 20, torch.Generator().manual_seed(0), n_queries=5)
+    for b in range(64):
+        p = int((x[b] == MARK).nonzero().flatten()[0])
+        assert int((x[b] == MARK).sum()) == 1 and 3 <= int(x[b, p + 1]) < 20
+        asked = (y[b] != IGNORE).nonzero().flatten().tolist()
+        assert 1 <= len(asked) <= 5 and asked == (x[b] == QUERY).nonzero().flatten().tolist()
+        for t in asked:
+            assert t > p + 1 and int(y[b, t]) == int(x[b, p + 1]) and int(info["distance"][b, t]) == t - p - 1
+    # the rest of the sequence is content of the value's own range: only the marker singles the value out
+    assert bool(((x == MARK) | (x == QUERY) | ((x >= 3) & (x < 20))).all())
+    for d in (1, 7, 30):
+        x, y, info = marked_recall_batch(64, 32, 20, torch.Generator().manual_seed(1), distance=d)
+        assert bool(((y != IGNORE).sum(1) == 1).all()) and set(info["distance"][y != IGNORE].tolist()) == {d}
+        q = (y != IGNORE).nonzero()[:, 1]
+        assert bool((x[torch.arange(64), q - d - 1] == MARK).all())
+
+
+def test_marked_recall_rejects_what_does_not_fit():
+    with pytest.raises(DataError, match="distance 31"):
+        marked_recall_batch(1, 32, 20, torch.Generator(), distance=31)
+    with pytest.raises(DataError, match="vocab >= 5"):
+        marked_recall_batch(1, 32, 4, torch.Generator())
+
+
 def test_families_are_matched_within_ten_percent_with_equal_heads():
-    for scale, setup in recall.SETUPS.items():
+    for scale, setup in [*recall.SETUPS.items(), *recall.MARKED.items()]:
         target = recall.n_params(recall.build_model(recall.model_config("transformer", setup), "meta"))
         for name in recall.MODEL_FIELDS:
             cfg = recall.matched_config(name, setup)
@@ -84,10 +109,11 @@ def _e03():
     """A fake claim-3 measurement (its verdicts are tested in test_decide_parallel.py)."""
     grads = {f: [1.0, 1e-40] for f in e03.GRADIENT_FAMILIES}
     grads["transformer"] = [1.0, 0.5]
-    rec = {f: {**_rec((0.5, 0.52, 0.49), (0.8, 0.8, 0.8)), "lr_sweep": {3e-4: 0.5, 1e-3: 0.6, 3e-3: 0.55},
-               "best_lr": 1e-3} for f in e03.RECALL_FAMILIES["full"]}  # every family learned the small case
-    rec["transformer"] = {**_rec((0.95, 0.93, 0.94)), "lr_sweep": {3e-4: 0.5, 1e-3: 0.9, 3e-3: 0.55}, "best_lr": 1e-3}
-    return {"grad_norms_by_seed": [grads] * 3, "recall": rec}
+    cell = lambda near, far: {d: [{"acc": near if d == 1 else far}] * 3 for d in (1, 40)}
+    rec = {f: {"test": cell(0.9, 0.1), "lr_sweep": {3e-4: 0.5, 1e-3: 0.6, 3e-3: 0.55}, "best_lr": 1e-3}
+           for f in e03.RECALL_FAMILIES["full"]}
+    rec["transformer"] = {"test": cell(1.0, 0.99), "lr_sweep": {3e-4: 0.5, 1e-3: 0.9, 3e-3: 0.55}, "best_lr": 1e-3}
+    return {"grad_norms_by_seed": [grads] * 3, "recall": rec, "recall_setup": {"seq_len": 64}}
 
 
 def test_a_sweep_is_extended_until_it_brackets_its_best_rate():

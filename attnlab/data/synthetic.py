@@ -7,6 +7,8 @@ loss and accuracy count only the positions that test the skill.
 - mqar (Arora et al. 2023, "Zoology", arXiv 2312.04927): n_pairs key-value pairs are listed, then
   each key is asked again at a random later position; the answer is its value. Token 0 is filler.
   Keys come from the lower half of the vocabulary and values from the upper half, as in Zoology.
+- marked recall: one token follows a marker, d tokens of the same range later a query asks for it; the
+  signal a recurrence must carry through d dependent steps, with nothing else to store.
 """
 from __future__ import annotations
 
@@ -112,3 +114,50 @@ def recall_batch(batch_size: int, seq_len: int, vocab: int, n_pairs: int, genera
     distance = torch.where(query, t - asked_pos, torch.full_like(x, -1))
     value_pos = torch.where(query, asked_pos + 1, torch.full_like(x, -1))
     return x, y, {"distance": distance, "value_pos": value_pos, "context_len": context_len}
+
+
+MARK, QUERY = 1, 2  # marked_recall_batch's marker tokens; content is 3..vocab-1
+
+
+def marked_recall_batch(batch_size: int, seq_len: int, vocab: int, generator: torch.Generator, n_queries: int = 8,
+                        distance: int | None = None):
+    """One marked token recalled at distance d among same-range tokens; returns (x, y, info).
+
+    Sequence: content tokens drawn from 3..vocab-1; MARK at a random position p; the value is the content token
+    at p + 1; every QUERY token asks for it (y holds the value there, IGNORE elsewhere). The tokens between the
+    value and a query are drawn from the value's own range, so nothing but the marker singles the value out.
+    Training (``distance`` None): p uniform over the sequence or (half the rows) over its first quarter, up
+    to ``n_queries`` queries at random positions after the value. Test (``distance`` d): one query exactly d tokens
+    after the value, p uniform where that fits.
+    info: "distance" (B, T), query position minus the value's position (-1 where unlabelled).
+    """
+    B, T = batch_size, seq_len
+    if vocab < 5:
+        raise DataError(f"marked recall needs vocab >= 5 (two markers and content), got {vocab}")
+    if T < 3:
+        raise DataError(f"marked recall needs seq_len >= 3 (marker, value, query), got {T}")
+    if distance is not None and not 1 <= distance <= T - 2:
+        raise DataError(f"marked recall at distance {distance} needs 1 <= distance <= seq_len - 2 = {T - 2}")
+    rows = torch.arange(B)
+    x = torch.randint(3, vocab, (B, T), generator=generator)
+    last_mark = T - 3 if distance is None else T - 2 - distance  # inclusive: room for the value and a query
+    p = torch.randint(0, last_mark + 1, (B,), generator=generator)
+    if distance is None:
+        # Half the marks in the first quarter: with marks uniform alone, a distance d needs p <= T - 2 - d and the
+        # far distances would hardly be trained (d = T - 2 only from p = 0).
+        early = torch.rand(B, generator=generator) < 0.5
+        p = torch.where(early, torch.randint(0, T // 4 + 1, (B,), generator=generator), p)
+    x[rows, p] = MARK
+    value = x[rows, p + 1]
+    t = torch.arange(T).expand(B, T)
+    if distance is None:
+        # n_queries random positions after the value: rank random keys, with every earlier position ranked last
+        r = torch.rand(B, T, generator=generator).masked_fill(t <= (p + 1)[:, None], 2.0)
+        r, at = r.sort(dim=1)
+        asked = torch.zeros(B, T, dtype=torch.bool).scatter_(1, at[:, :n_queries], r[:, :n_queries] < 2.0)
+    else:
+        asked = t == (p + 1 + distance)[:, None]
+    x = torch.where(asked, torch.full_like(x, QUERY), x)
+    y = torch.where(asked, value[:, None].expand(B, T), torch.full_like(x, IGNORE))
+    dist = torch.where(asked, t - (p + 1)[:, None], torch.full_like(x, -1))
+    return x, y, {"distance": dist}

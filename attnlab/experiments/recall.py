@@ -1,4 +1,7 @@
-"""Associative recall, learned: the models that claims 3 and 8 measure, trained once per report run.
+"""Recall, learned: the models that claims 3 and 8 measure, trained once per report run.
+
+Two tasks share the machinery: MQAR (claim 8: how many bindings a model holds) and marked recall (claim 3: one
+token carried across d dependent steps, ``Setup.task == "marked"``, marked_recall_batch).
 
 Zoology (Arora et al. 2023) showed that MQAR separates attention from fixed-state models only when every
 model is trained properly: enough distinct examples, a learning-rate sweep per family with the best chosen
@@ -25,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from attnlab.config import ModelConfig, TrainConfig
-from attnlab.data.synthetic import IGNORE, recall_batch
+from attnlab.data.synthetic import IGNORE, marked_recall_batch, recall_batch
 from attnlab.experiments import training
 from attnlab.experiments.training import Job
 from attnlab.models import build_model
@@ -54,17 +57,25 @@ MODEL_FIELDS = {
 class Setup:
     seq_len: int
     vocab: int
-    train_pairs: tuple  # pair counts, cycled step by step
-    test_pairs: tuple  # Zoology's x axis
-    filler: tuple  # (lo, hi) irrelevant tokens among the pairs, drawn per sequence
-    filler_from: float  # fraction of training done before filler appears (see train())
     dim: int  # the transformer's width; the others are matched to its parameter count
     heads: int
     steps: int
     batch: int
     lrs: tuple  # the sweep; the best on validation data is kept
     seeds: int
-    test_n: int  # test sequences per pair count
+    test_n: int  # test sequences per point of the test axis
+    task: str = "mqar"  # or "marked": one marked token recalled at a distance (marked_recall_batch)
+    train_pairs: tuple = ()  # MQAR: pair counts, cycled step by step
+    test_pairs: tuple = ()  # MQAR: Zoology's x axis
+    filler: tuple = (0, 0)  # MQAR: (lo, hi) irrelevant tokens among the pairs, drawn per sequence
+    filler_from: float = 0.0  # MQAR: fraction of training done before filler appears (see train())
+    test_distances: tuple = ()  # marked recall: the x axis, value-to-query distances
+    n_queries: int = 8  # marked recall: queries per training sequence
+
+    @property
+    def test_at(self) -> tuple:
+        """The test axis: pair counts (MQAR) or distances (marked recall)."""
+        return self.test_distances if self.task == "marked" else self.test_pairs
 
 
 SETUPS = {
@@ -72,6 +83,16 @@ SETUPS = {
                    dim=64, heads=4, steps=800, batch=32, lrs=(1e-3,), seeds=1, test_n=256),
     "full": Setup(seq_len=64, vocab=128, train_pairs=(4, 8, 16), test_pairs=(4, 8, 12, 16), filler=(0, 12),
                   filler_from=0.5, dim=64, heads=4, steps=1200, batch=32, lrs=(3e-4, 1e-3, 3e-3), seeds=3, test_n=512),
+}
+# Marked recall (claim 3): tested up to 3T/4, where every distance is trained often (half the marks sit early); a
+# distance near T - 2 needs a mark in the first positions, which training draws rarely, and every family is
+# undertrained there. The steps and queries are what the tanh RNN, the slowest family to learn even d = 1, needs to
+# pass the regime's 50% there on every seed (claim 3's CHANGES has the probes).
+MARKED = {
+    "quick": Setup(task="marked", seq_len=32, vocab=64, test_distances=(1, 2, 4, 8, 16, 20, 24), dim=64, heads=4,
+                   steps=800, batch=32, lrs=(1e-3,), seeds=1, test_n=256),
+    "full": Setup(task="marked", seq_len=48, vocab=128, test_distances=(1, 2, 4, 8, 16, 24, 28, 32, 36), dim=64,
+                  heads=4, steps=2000, batch=32, lrs=(3e-4, 1e-3, 3e-3), seeds=3, test_n=512, n_queries=12),
 }
 
 VALIDATION_SEED, TEST_SEED = 7, 99
@@ -105,6 +126,10 @@ SHORT_CONV_CHANGE = {
 _CACHE: dict = {}
 
 
+def setup_of(scale: str, task: str = "mqar") -> Setup:
+    return (MARKED if task == "marked" else SETUPS)[scale]
+
+
 def n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -130,6 +155,9 @@ def train(cfg: ModelConfig, setup: Setup, lr: float, seed: int, device: str):
     g = torch.Generator().manual_seed(1000 + seed)  # drawn on the CPU: the same data on every device
 
     def step_loss(step: int) -> torch.Tensor:
+        if setup.task == "marked":
+            x, y, _ = marked_recall_batch(setup.batch, setup.seq_len, setup.vocab, g, n_queries=setup.n_queries)
+            return lm_loss(model(x.to(device))[0], y.to(device))
         pairs = setup.train_pairs[step % len(setup.train_pairs)]
         # Filler only after the first part: the recall circuit forms on clean pairs (with filler from the start
         # a 2-layer transformer stayed at chance for 800 steps), then learns to look past irrelevant tokens.
@@ -142,15 +170,21 @@ def train(cfg: ModelConfig, setup: Setup, lr: float, seed: int, device: str):
 
 
 @torch.no_grad()
-def accuracy(model, setup: Setup, pairs: int, seed: int, device: str, n: int | None = None, **batch_kw) -> dict:
-    """Accuracy over every query, and over queries whose key is in the near / far half of the distances; by
-    default on the training distribution's filler."""
-    batch_kw.setdefault("filler", setup.filler)
-    x, y, info = recall_batch(n or setup.test_n, setup.seq_len, setup.vocab, pairs, torch.Generator().manual_seed(seed),
-                              **batch_kw)
+def accuracy(model, setup: Setup, at: int, seed: int, device: str, n: int | None = None, **batch_kw) -> dict:
+    """Accuracy at ``at`` on the test axis. MQAR (``at`` pairs): over every query, and over queries whose key is
+    in the near / far half of the distances; by default on the training distribution's filler. Marked recall
+    (``at``: the distance): {"acc"}, one query a sequence."""
+    g = torch.Generator().manual_seed(seed)
+    if setup.task == "marked":
+        x, y, info = marked_recall_batch(n or setup.test_n, setup.seq_len, setup.vocab, g, distance=at)
+    else:
+        batch_kw.setdefault("filler", setup.filler)
+        x, y, info = recall_batch(n or setup.test_n, setup.seq_len, setup.vocab, at, g, **batch_kw)
     pred = model(x.to(device))[0].argmax(-1).cpu()
     mask = y != IGNORE
     right = (pred == y) & mask
+    if setup.task == "marked":
+        return {"acc": float(right.sum()) / int(mask.sum())}
     near = mask & (info["distance"] <= setup.seq_len // 2)
     far = mask & (info["distance"] > setup.seq_len // 2)
     acc = lambda m: float(right[m].sum()) / int(m.sum()) if int(m.sum()) else None
@@ -164,15 +198,16 @@ def _train_job(name: str, setup: Setup, lr: float, seed: int, device: str) -> di
 
 
 def _validation(model, setup: Setup, device: str) -> float:
-    """Mean validation accuracy over the test pair counts: what the sweep ranks learning rates by."""
-    return sum(accuracy(model, setup, p, VALIDATION_SEED, device)["acc"] for p in setup.test_pairs) / len(setup.test_pairs)
+    """Mean validation accuracy over the test axis: what the sweep ranks learning rates by."""
+    return sum(accuracy(model, setup, p, VALIDATION_SEED, device)["acc"] for p in setup.test_at) / len(setup.test_at)
 
 
-def _family(name: str, scale: str, device: str):
+def _family(name: str, scale: str, device: str, task: str = "mqar"):
     """One family's training as a task of the training stage: each rate of the sweep on seed 0, scored on a
     validation draw; while the best is at an end of the sweep, one rate past that end (up to ``MAX_EXTEND``); the
     other seeds at the best rate; then the test, into the cache."""
-    setup, cfg = SETUPS[scale], matched_config(name, SETUPS[scale])
+    setup = setup_of(scale, task)
+    cfg = matched_config(name, setup)
 
     def runs(todo: list) -> list:  # [(lr, seed)] -> their models, built from the weights the jobs return
         weights = yield [Job(_train_job, (name, setup, lr, seed, str(device))) for lr, seed in todo]
@@ -193,25 +228,25 @@ def _family(name: str, scale: str, device: str):
             sweep[lr], val[lr] = m, _validation(m, setup, device)
     best = best_rate(val)
     seeds = [sweep[best]] + (yield from runs([(best, s) for s in range(1, setup.seeds)]))
-    test = {p: [accuracy(m, setup, p, TEST_SEED, device) for m in seeds] for p in setup.test_pairs}
-    _CACHE[(name, scale, str(device))] = {"params": n_params(seeds[0]), "dim": cfg.dim, "lr_sweep": val,
+    test = {p: [accuracy(m, setup, p, TEST_SEED, device) for m in seeds] for p in setup.test_at}
+    _CACHE[(task, name, scale, str(device))] = {"params": n_params(seeds[0]), "dim": cfg.dim, "lr_sweep": val,
                                          "best_lr": best, "lr_bracketed": bracketed(val, best), "models": seeds,
                                          "test": test, "config": asdict(cfg)}
 
 
-def tasks(names, scale: str, device: str) -> dict:
+def tasks(names, scale: str, device: str, task: str = "mqar") -> dict:
     """The training-stage tasks (training.py) of every family of ``names`` not yet cached, by a key that claims
     sharing a family share; the slowest to train first (the recurrent-state families loop over T), so the last jobs
     to start are short ones."""
-    names = [n for n in dict.fromkeys(names) if (n, scale, str(device)) not in _CACHE]
-    return {("recall", n, scale, str(device)): _family(n, scale, device)
+    names = [n for n in dict.fromkeys(names) if (task, n, scale, str(device)) not in _CACHE]
+    return {("recall", task, n, scale, str(device)): _family(n, scale, device, task)
             for n in sorted(names, key=lambda n: n not in ("ssm", "gru", "sliding", "linear"))}
 
 
-def prefetch(names, scale: str, device: str, workers: int | None = None) -> None:
+def prefetch(names, scale: str, device: str, workers: int | None = None, task: str = "mqar") -> None:
     """Train every family of ``names`` not yet cached, side by side (training.run_tasks): the report's training stage
     has usually done so already."""
-    training.run_tasks(tasks(names, scale, device).values(), workers or training.workers_for(device))
+    training.run_tasks(tasks(names, scale, device, task).values(), workers or training.workers_for(device))
 
 
 def best_rate(val: dict) -> float:
@@ -243,12 +278,12 @@ def next_rates(val: dict) -> list:
     return []
 
 
-def trained(name: str, scale: str, device: str) -> dict:
+def trained(name: str, scale: str, device: str, task: str = "mqar") -> dict:
     """Sweep, pick, retrain on more seeds, test: {"params", "dim", "lr_sweep", "best_lr", "lr_bracketed", "models",
     "test"}.
-    test[pairs] = one accuracy dict per seed. Cached for the run, so claims share the same models."""
-    prefetch([name], scale, device)
-    return _CACHE[(name, scale, str(device))]
+    test[pairs or distance] = one accuracy dict per seed. Cached for the run, so claims share the same models."""
+    prefetch([name], scale, device, task=task)
+    return _CACHE[(task, name, scale, str(device))]
 
 
 def by_int(d: dict) -> dict:
@@ -256,19 +291,19 @@ def by_int(d: dict) -> dict:
     return {int(k): v for k, v in d.items()}
 
 
-def summary(name: str, scale: str, device: str) -> dict:
+def summary(name: str, scale: str, device: str, task: str = "mqar") -> dict:
     """What goes into results.json: everything but the models."""
-    t = trained(name, scale, device)
+    t = trained(name, scale, device, task)
     return {k: v for k, v in t.items() if k != "models"}
 
 
-def setup_dict(scale: str) -> dict:
-    return {**asdict(SETUPS[scale]), "model_recipe": MODEL_RECIPE, "train_recipe": TRAIN_RECIPE}
+def setup_dict(scale: str, task: str = "mqar") -> dict:
+    return {**asdict(setup_of(scale, task)), "model_recipe": MODEL_RECIPE, "train_recipe": TRAIN_RECIPE}
 
 
-def with_steps(scale: str, steps: int) -> Setup:
+def with_steps(scale: str, steps: int, task: str = "mqar") -> Setup:
     """A cheaper copy of a setup, for tests."""
-    return replace(SETUPS[scale], steps=steps)
+    return replace(setup_of(scale, task), steps=steps)
 
 
 @torch.no_grad()
