@@ -3,6 +3,8 @@ measurements that must give "supported", "not supported" and "inconclusive", a f
 Pure Python: no model runs, no clock."""
 import importlib
 
+import pytest
+
 from attnlab.experiments.base import INCONCLUSIVE, NOT_SUPPORTED, REGIME_NOT_REACHED, SUPPORTED, UNSTABLE
 from decide_check import check, changed
 
@@ -115,19 +117,22 @@ def test_e02():
 
 # --- claim 3: float64 gradients and recall by distance, per seed ----------------------------------------------------
 def _e03(tr=(0.95, 0.95), others=((0.9, 0.2),), grad_tr=0.5, grad_rnn=1e-40, best_lr=1e-3, seeds=3, **per_family):
-    """Marked recall at d = 1, 16 and two far distances (T = 64: far means d > 32): ``tr`` and ``others`` are
-    (accuracy at d = 1, elsewhere); one pair for every seed, or one per seed; ``per_family`` overrides a family."""
+    """Marked recall on the full setup's axis (far means d > T/2): ``tr`` and ``others`` are (accuracy at d = 1,
+    elsewhere); one pair for every seed, or one per seed; ``per_family`` overrides a family."""
     e03 = importlib.import_module("attnlab.experiments.e03_path_length")
+    setup = importlib.import_module("attnlab.experiments.recall").MARKED["full"]
     grads = {f: [1.0, grad_rnn] for f in e03.GRADIENT_FAMILIES}
     grads["transformer"] = [1.0, grad_tr]
     per_seed = lambda pairs: [pairs[min(i, len(pairs) - 1)] for i in range(seeds)] if isinstance(pairs[0], tuple) \
         else [pairs] * seeds
-    cell = lambda pairs: {str(d): [{"acc": p[0] if d == 1 else p[1]} for p in per_seed(pairs)] for d in (1, 16, 40, 62)}
+    cell = lambda pairs: {str(d): [{"acc": p[0] if d == 1 else p[1]} for p in per_seed(pairs)]
+                          for d in setup.test_distances}
     sweep = {"0.0003": 0.5, "0.001": 0.6, "0.003": 0.55}
     rec = {f: {"test": cell(per_family.get(f, others)), "lr_sweep": sweep, "best_lr": 1e-3}
            for f in e03.RECALL_FAMILIES["full"]}
     rec["transformer"] = {"test": cell(tr), "lr_sweep": sweep, "best_lr": best_lr}
-    return {"grad_norms_by_seed": [grads] * seeds, "recall": rec, "recall_setup": {"seq_len": 64}}
+    return {"grad_norms_by_seed": [grads] * seeds, "recall": rec, "recall_setup": {"seq_len": setup.seq_len},
+            "recall_task": "marked"}
 
 
 def test_e03():
@@ -137,14 +142,22 @@ def test_e03():
     check("e03_path_length", _e03(grad_rnn=0.5), NOT_SUPPORTED)  # a recurrence keeps its gradient
     check("e03_path_length", _e03(tr=(0.95, 0.7)), NOT_SUPPORTED)  # the transformer's recall falls with distance
     check("e03_path_length", _e03(lstm=(1.0, 0.98)), NOT_SUPPORTED)  # a gated recurrence carries it all the way
-    # only the far distances count: a fall at d = 16 (near half) with full recall beyond it is no fall
+    # only the far distances count: a fall in the near half with full recall beyond it is no fall
     m = _e03(lstm=(1.0, 1.0))
+    assert 16 <= m["recall_setup"]["seq_len"] // 2
     m["recall"]["lstm"]["test"]["16"] = [{"acc": 0.3}] * 3
     check("e03_path_length", m, NOT_SUPPORTED)
     # outside the regime: an underflowed gradient, a family that never learned d = 1, a best rate at an end
     for kw in ({"grad_rnn": 0.0}, {"rnn": (0.3, 0.01)}, {"tr": (0.2, 0.2)}, {"best_lr": 3e-3}):
         out = check("e03_path_length", _e03(**kw), INCONCLUSIVE)
         assert out.qualifier == REGIME_NOT_REACHED, kw
+    m = _e03()
+    del m["recall"]["gru"]  # a recurrence the claim names was not trained (the quick scale): nothing said of it
+    assert check("e03_path_length", m, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    m = _e03()
+    del m["recall_task"]  # a measurement from before marked recall (MQAR): the error says to measure again
+    with pytest.raises(ValueError, match="attnlab report --only 3"):
+        importlib.import_module("attnlab.experiments.e03_path_length").decide(m)
     # seeds that disagree: the gru carries the token in one seed of three
     out = check("e03_path_length", _e03(gru=((0.9, 0.2), (0.9, 0.9), (0.9, 0.2))), INCONCLUSIVE)
     assert out.qualifier == UNSTABLE

@@ -55,6 +55,21 @@ def test_marked_recall_rejects_what_does_not_fit():
         marked_recall_batch(1, 32, 20, torch.Generator(), distance=31)
     with pytest.raises(DataError, match="vocab >= 5"):
         marked_recall_batch(1, 32, 4, torch.Generator())
+    with pytest.raises(DataError, match="n_queries >= 1"):
+        marked_recall_batch(1, 32, 20, torch.Generator(), n_queries=0)
+
+
+def test_marked_recall_trains_sweeps_and_tests_on_its_distance_axis(monkeypatch):
+    """The marked task runs through the same sweep as MQAR: every rate trained, the test at each distance."""
+    from dataclasses import replace
+    quick = replace(recall.MARKED["quick"], steps=8, lrs=(1e-3, 3e-3))
+    monkeypatch.setitem(recall.MARKED, "quick", quick)
+    monkeypatch.setattr(recall, "_CACHE", {})
+    recall.prefetch(["rnn"], "quick", "cpu", workers=1, task="marked")
+    got = recall.trained("rnn", "quick", "cpu", task="marked")
+    assert set(got["lr_sweep"]) >= {1e-3, 3e-3} and set(got["test"]) == set(quick.test_distances)
+    assert all(0.0 <= s["acc"] <= 1.0 for accs in got["test"].values() for s in accs)
+    assert ("mqar", "rnn", "quick", "cpu") not in recall._CACHE  # the tasks do not share models
 
 
 def test_families_are_matched_within_ten_percent_with_equal_heads():
@@ -113,7 +128,7 @@ def _e03():
     rec = {f: {"test": cell(0.9, 0.1), "lr_sweep": {3e-4: 0.5, 1e-3: 0.6, 3e-3: 0.55}, "best_lr": 1e-3}
            for f in e03.RECALL_FAMILIES["full"]}
     rec["transformer"] = {"test": cell(1.0, 0.99), "lr_sweep": {3e-4: 0.5, 1e-3: 0.9, 3e-3: 0.55}, "best_lr": 1e-3}
-    return {"grad_norms_by_seed": [grads] * 3, "recall": rec, "recall_setup": {"seq_len": 64}}
+    return {"grad_norms_by_seed": [grads] * 3, "recall": rec, "recall_setup": {"seq_len": 64}, "recall_task": "marked"}
 
 
 def test_a_sweep_is_extended_until_it_brackets_its_best_rate():

@@ -136,6 +136,9 @@ def marked_recall_batch(batch_size: int, seq_len: int, vocab: int, generator: to
         raise DataError(f"marked recall needs vocab >= 5 (two markers and content), got {vocab}")
     if T < 3:
         raise DataError(f"marked recall needs seq_len >= 3 (marker, value, query), got {T}")
+    if distance is None and n_queries < 1:
+        raise DataError(f"marked recall needs n_queries >= 1 (without a query, training has no label), "
+                        f"got {n_queries}")
     if distance is not None and not 1 <= distance <= T - 2:
         raise DataError(f"marked recall at distance {distance} needs 1 <= distance <= seq_len - 2 = {T - 2}")
     rows = torch.arange(B)
