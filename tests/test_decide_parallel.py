@@ -321,3 +321,14 @@ def test_e08():
     assert d.qualifier == REGIME_NOT_REACHED
     d = check("e08_remedies", _e08(lens=(64, 128, 256)), INCONCLUSIVE)  # n too short for the window's exponent
     assert d.qualifier == REGIME_NOT_REACHED
+
+
+def test_e08_sliding_on_one_seed_is_shown_beside_every_repetition():
+    """The sliding window trains one seed (recall.SETUPS' family_seeds): every repetition reads that one figure, and
+    the verdict is what it is with three, since the window's recall is not decided."""
+    m = _e08()
+    m["recall"]["sliding"]["test"] = {p: accs[:1] for p, accs in m["recall"]["sliding"]["test"].items()}
+    d = check("e08_remedies", m, SUPPORTED)
+    assert d.repeats == [SUPPORTED] * 3
+    m["recall"]["ssm"]["test"]["16"] = [{"acc": 1.0}] * 3  # a decided remedy still decides, seed by seed
+    check("e08_remedies", m, NOT_SUPPORTED)

@@ -72,6 +72,21 @@ def test_marked_recall_trains_sweeps_and_tests_on_its_distance_axis(monkeypatch)
     assert ("mqar", "rnn", "quick", "cpu") not in recall._CACHE  # the tasks do not share models
 
 
+def test_a_family_can_start_its_own_sweep_and_train_fewer_seeds(monkeypatch):
+    """Setup.family_lrs and family_seeds: the family's sweep starts at its own rates, and its best rate is trained on
+    its own number of seeds; the other families keep the shared ones."""
+    from dataclasses import replace
+    quick = replace(recall.SETUPS["quick"], steps=4, lrs=(1e-3,), seeds=2, test_pairs=(2,),
+                    family_lrs=(("rnn", (3e-3, 1e-2)),), family_seeds=(("rnn", 1),))
+    monkeypatch.setitem(recall.SETUPS, "quick", quick)
+    monkeypatch.setattr(recall, "_CACHE", {})
+    recall.prefetch(["rnn", "gru"], "quick", "cpu", workers=1)
+    rnn, gru = recall.trained("rnn", "quick", "cpu"), recall.trained("gru", "quick", "cpu")
+    assert set(rnn["lr_sweep"]) >= {3e-3, 1e-2} and 1e-3 not in rnn["lr_sweep"] and len(rnn["test"][2]) == 1
+    assert set(gru["lr_sweep"]) == {1e-3} and len(gru["test"][2]) == 2
+    assert quick.lrs_of("gru") == (1e-3,) and quick.seeds_of("gru") == 2
+
+
 def test_families_are_matched_within_ten_percent_with_equal_heads():
     for scale, setup in [*recall.SETUPS.items(), *recall.MARKED.items()]:
         target = recall.n_params(recall.build_model(recall.model_config("transformer", setup), "meta"))

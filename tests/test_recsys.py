@@ -313,6 +313,29 @@ def test_claim_18_quick_runs(monkeypatch):
     assert out.repeats and out.regime  # one seed at quick scale, decided with its regime
 
 
+def test_runs_made_elsewhere_are_used_and_hparams_reach_the_model(monkeypatch):
+    """run_recsys takes runs made already (claim 18's training stage) as they are, and refuses a wrong count;
+    ``hparams`` overrides reach the model built; without test_each_epoch only the kept epoch is tested."""
+    from attnlab.recsys import run as run_mod
+    from attnlab.recsys.train import FitConfig
+
+    built = []
+    real_build = run_mod.build
+    monkeypatch.setattr(run_mod, "build", lambda *a, **kw: built.append(kw) or real_build(*a, **kw))
+    data = generate(SyntheticConfig(n_users=40, n_items=120, n_topics=4, max_len=20, seed=1))
+    fit = FitConfig(max_epochs=2, test_each_epoch=False)
+    over = {"gru4rec": {"dropout": 0.0}}
+    made = [run_mod.run_one("gru4rec", leave_one_out(data, 8), 0, fit, hparams=over)]
+    assert built[-1]["dropout"] == 0.0 and built[-1]["dim"] == run_mod.HPARAMS["gru4rec"]["dim"]
+    assert [h["test_ndcg"] for h in made[0]["history"]] == [None, None] and made[0]["metrics"]["full"]["ndcg@10"] >= 0
+    n_built = len(built)
+    out = run_mod.run_recsys(data, ("gru4rec", "pop"), 1, 8, fit, hparams=over, runs={"gru4rec": made})
+    assert out["models"]["gru4rec"]["runs"] is made and len(built) == n_built + 1  # only pop was built
+    assert out["hparams"]["gru4rec"]["dropout"] == 0.0 and out["hparams"]["sasrec"] == run_mod.HPARAMS["sasrec"]
+    with pytest.raises(ValueError, match="1 runs given for 2 seed"):
+        run_mod.run_recsys(data, ("gru4rec",), 2, 8, fit, runs={"gru4rec": made})
+
+
 # --- end to end ---------------------------------------------------------------------------------------------------
 def test_sasrec_beats_markov_on_long_range_histories():
     """Tastes that only the whole history reveals: attention reads it, a first-order chain cannot (a few seconds)."""

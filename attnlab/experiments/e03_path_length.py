@@ -125,9 +125,8 @@ CHANGES.append(
              "96-100% to d = 32 and fell to 29-76% at d = 62 on two seeds, and at T = 48 it fell to 53-95% at d = 46 "
              "while holding 97-100% to d = 36; so T = 48 and distances tested up to 3T/4 = 36. The lstm and gru were "
              "at 98-100% at every distance in every probe (the gru also at T = 128, to d = 126) but one lstm seed "
-             "(80% at d = 1, 26% at d = 62). So the "
-             "gated families are expected to refute part (b) "
-"and the tanh rnn to support it; written here before the full-scale run. The gradient half is "
+             "(80% at d = 1, 26% at d = 62). So the gated families are expected to refute part (b) and the tanh "
+             "rnn to support it; written here before the full-scale run. The gradient half is "
              "unchanged. Verdict before: inconclusive (regime not reached; fbf4448); after: the reference run that "
              "follows this change.")})
 EST_S = {"quick": 2, "full": 60}  # seconds on a 2-core CPU, the training stage left out: the progress estimate

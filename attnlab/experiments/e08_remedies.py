@@ -92,6 +92,19 @@ CHANGES.append(
              "it is shown and neither decided nor required to learn. Prediction unchanged. Verdict before: supported "
              "(679adec, 3 of 3 repetitions); after, on the same data: inconclusive (regime not reached).")})
 CHANGES.append(recall.SHORT_CONV_CHANGE)  # also in claim 3's CHANGES, from when it trained the same models
+CHANGES.append(
+    {"date": "2026-12-06", "what": "method: linear attention's sweep starts at its best rate's neighbours; the sliding "
+                                   "window trained on one seed (prediction, threshold and regime unchanged)",
+     "old": "every family's sweep starts at 3e-4, 1e-3, 3e-3 (extended past an end while the best sits there); 3 seeds "
+            "for every family",
+     "new": "linear attention's starts at 3e-3, 9e-3, 2.7e-2 (the same extension rule); the sliding window, whose "
+            "recall is shown and not decided, trains seed 0 only and that one figure is shown beside each repetition",
+     "why": ("The report must fit in an hour on 2 cores. In the reference at dc0f0f6 linear attention's sweep was "
+             "extended twice (3e-3 0.967, 9e-3 0.988, 2.7e-2 0.956 validation accuracy, best 9e-3): starting there "
+             "trains the same three rates on the same seed without the two below (145 job-seconds). The sliding "
+             "window's two further seeds (134 job-seconds) fed no decision. Verdict before: "
+             "inconclusive (regime not reached: block_sparse and the SSM at 29% at 4 pairs, 3 of 3 repetitions); "
+             "after: the reference run that follows this change.")})
 REMEDIES = ("sliding", "block_sparse", "linear", "ssm")
 RECALL_DECIDED = ("block_sparse", "linear", "ssm")  # the sliding window's recall is bounded by its reach: shown
 # Quick scale trains a bounded window and a fixed state (sliding, linear); block_sparse and the SSM are trained
@@ -100,7 +113,7 @@ RECALL_MODELS = {"quick": ("transformer", "sliding", "linear"), "full": ("transf
 # The lowest exponent each kernel can physically show at long n (its asymptotic growth, less noise).
 LOWEST = {"sdpa": 1.0, "flash": 1.0, "sliding": 0.5, "block_sparse": 1.0, "linear": 0.5, "ssm": 0.5}
 EST_S = {"quick": 3, "full": 60}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
-TRAIN_EST_S = {"quick": 30, "full": 800}  # this claim's share of the training stage (training.py), in seconds
+TRAIN_EST_S = {"quick": 30, "full": 700}  # this claim's share of the training stage (training.py), in seconds
 WINDOW = recall.MODEL_FIELDS["sliding"]["window"]  # the recall model's window: the one timed
 RECALL_MARGIN, LEARNED, REMEDY_LEARNED, MIN_N_PER_WINDOW = 0.05, 0.9, 0.5, 32
 
@@ -194,7 +207,7 @@ def decide(m: dict) -> Decision:
     window = m.get("window", WINDOW)
     decisions = []
     for i in range(len(rec["transformer"][top])):
-        acc = {f: r[top][i]["acc"] for f, r in rec.items()}
+        acc = {f: r[top][min(i, len(r[top]) - 1)]["acc"] for f, r in rec.items()}  # sliding: one seed, shown
         learned = rec["transformer"][smallest][i]["acc"]
         regime = [condition(f"exact attention's MQAR accuracy at {smallest} pairs (seed {i})", learned,
                             f">= {LEARNED:.0%} (the baseline learned recall)", learned >= LEARNED, f"{learned:.0%}")]
@@ -230,8 +243,8 @@ def run(scale: str, device: str) -> Outcome:
         Plot("MQAR accuracy vs key-value pairs", "key-value pairs", "test accuracy",
              [Series(f, pairs, c) for f, c in curve.items()])], rows,
         ["Recall models are trained on MQAR with Zoology's recipe (recall.py: a learning-rate sweep per family, "
-         f"parameters within 10% of the transformer's, {recall.SETUPS[scale].seeds} seed(s)): sliding has a window of "
-         f"{WINDOW} tokens, the "
+         f"parameters within 10% of the transformer's, {recall.SETUPS[scale].seeds} seed(s), the sliding window "
+         f"{recall.SETUPS[scale].seeds_of('sliding')}): sliding has a window of {WINDOW} tokens, the "
          f"window timed too; block_sparse uses blocks of sqrt(n) tokens in both (8 at the recall length of 64).",
          "Times: one round per recall seed, each the median of its calls after a warm-up; the table and plot show "
          "the median over rounds, the verdict decides each round with its seed."])

@@ -66,14 +66,15 @@ def _fit_markov(split: Split) -> tuple[torch.nn.Module, dict]:
 
 
 def run_one(name: str, split: Split, seed: int, fit_cfg: FitConfig, progress: bool = False, device: str = "cpu",
-            per_user: bool = False) -> dict:
+            per_user: bool = False, hparams: dict | None = None) -> dict:
     """Train (or count) one model with one seed and score it on the test users. The neural models train on
-    ``device``; the counting models count on the CPU. ``per_user``: keep each test user's NDCG@10 (full ranking)."""
+    ``device``; the counting models count on the CPU. ``per_user``: keep each test user's NDCG@10 (full ranking).
+    ``hparams``: {model: {field: value}} over HPARAMS (e.g. another dropout)."""
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     info: dict = {}
     if name in NEURAL:
-        model = build(name, split.n_items, split.max_len, **HPARAMS[name]).to(device)
+        model = build(name, split.n_items, split.max_len, **{**HPARAMS[name], **(hparams or {}).get(name, {})}).to(device)
         info = fit(model, split, replace(fit_cfg, seed=seed), progress=progress, desc=f"{name} seed {seed}")
     elif name == "markov":
         model, info = _fit_markov(split)
@@ -106,9 +107,12 @@ def aggregate(runs: list[dict]) -> dict:
 
 def run_recsys(data: str | Interactions = "synthetic", models=MODELS, seeds: int = 3, max_len: int = 50,
                fit_cfg: FitConfig | None = None, progress: bool = False, wheel: Path | None = None,
-               device: str = "cpu", per_user: bool = False) -> dict:
+               device: str = "cpu", per_user: bool = False, hparams: dict | None = None,
+               runs: dict | None = None) -> dict:
     """Every model x seed on one dataset. ``per_user``: each run keeps its test users' NDCG@10 and the result their
-    history lengths (``test_history_len``), for paired comparisons."""
+    history lengths (``test_history_len``), for paired comparisons. ``hparams``: as run_one. ``runs``: {model: its
+    runs, seed 0 first} made already (by run_one with these arguments, as claim 18's training stage does): used as
+    they are."""
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         raise ValueError(f"--models {','.join(unknown)}: not known; choose from {','.join(MODELS)}")
@@ -121,15 +125,18 @@ def run_recsys(data: str | Interactions = "synthetic", models=MODELS, seeds: int
     split = leave_one_out(inter, max_len)
     fit_cfg = fit_cfg or FitConfig()
     out = {"data": inter.describe(), "split": split.describe(), "protocol": PROTOCOL_NOTE.format(max_len=max_len),
-           "protocols": list(PROTOCOLS), "k": K, "fit": fit_cfg.to_dict(), "hparams": HPARAMS, "device": device,
+           "protocols": list(PROTOCOLS), "k": K, "fit": fit_cfg.to_dict(),
+           "hparams": {n: {**h, **(hparams or {}).get(n, {})} for n, h in HPARAMS.items()}, "device": device,
            "models": {}}
     if per_user:
         out["test_history_len"] = split.test.history_len.tolist()
     for name in models:
         # counting models are deterministic: one run stands for every seed
-        runs = [run_one(name, split, s, fit_cfg, progress, device, per_user)
-                for s in (range(seeds) if name in NEURAL else [0])]
-        out["models"][name] = {"runs": runs, **aggregate(runs)}
+        done = (runs or {}).get(name) or [run_one(name, split, s, fit_cfg, progress, device, per_user, hparams)
+                                          for s in (range(seeds) if name in NEURAL else [0])]
+        if len(done) != (seeds if name in NEURAL else 1):
+            raise ValueError(f"{name}: {len(done)} runs given for {seeds} seed(s)")
+        out["models"][name] = {"runs": done, **aggregate(done)}
     return out
 
 

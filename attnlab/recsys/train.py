@@ -8,8 +8,8 @@ AdamW, its learning rate set per step by ``lr_factor`` (optional warm-up, then c
 to 0 at ``max_epochs``, counted in steps so a run does not depend on the machine's speed). After every
 epoch the model (with ``ema``, the moving average of its weights) is scored on the validation users (full-ranking
 NDCG@10) and training stops when that has not improved for ``patience`` epochs; the best epoch's weights are
-restored. Test metrics are recorded per epoch for the
-learning curve only: nothing is chosen on them.
+restored. Test metrics are recorded per epoch (``test_each_epoch``) for the learning curve only: nothing is chosen
+on them.
 """
 from __future__ import annotations
 
@@ -57,6 +57,9 @@ class FitConfig:
     # "ce" only: the share of each target's probability spread evenly over every item (ahead of 0 in most paired
     # tuning runs).
     label_smoothing: float = 0.1
+    # Score the test users after every epoch too (the learning curve the benchmark reads); False: only the kept
+    # epoch's test figures, which saves a full ranking of every test user per epoch.
+    test_each_epoch: bool = True
 
     def __post_init__(self):
         if self.loss not in LOSSES:
@@ -168,7 +171,8 @@ def fit(model, split: Split, cfg: FitConfig, progress: bool = False, desc: str =
         epoch, loss, epoch_s = epochs.close()
         t1 = time.perf_counter()
         val = summarize({"full": evaluate(averaged, split.valid, split.n_items)["full"]})["full"][f"ndcg@{K}"]
-        test = summarize({"full": evaluate(averaged, split.test, split.n_items)["full"]})["full"][f"ndcg@{K}"]
+        test = (summarize({"full": evaluate(averaged, split.test, split.n_items)["full"]})["full"][f"ndcg@{K}"]
+                if cfg.test_each_epoch else None)
         history.append({"epoch": epoch, "loss": loss, "epoch_s": epoch_s, "train_s": epochs.train_s,
                         "eval_s": time.perf_counter() - t1, "val_ndcg": val, "test_ndcg": test})
         if val > best["ndcg"]:
