@@ -314,8 +314,9 @@ def test_claim_18_quick_runs(monkeypatch):
 
 
 def test_runs_made_elsewhere_are_used_and_hparams_reach_the_model(monkeypatch):
-    """run_recsys takes runs made already (claim 18's training stage) as they are, and refuses a wrong count;
-    ``hparams`` overrides reach the model built; without test_each_epoch only the kept epoch is tested."""
+    """run_recsys takes runs made already (claim 18's training stage) as they are, and refuses runs made for another
+    count of seeds, another seed or other users; ``hparams`` overrides reach the model built; without
+    test_each_epoch only the kept epoch is tested."""
     from attnlab.recsys import run as run_mod
     from attnlab.recsys.train import FitConfig
 
@@ -325,15 +326,20 @@ def test_runs_made_elsewhere_are_used_and_hparams_reach_the_model(monkeypatch):
     data = generate(SyntheticConfig(n_users=40, n_items=120, n_topics=4, max_len=20, seed=1))
     fit = FitConfig(max_epochs=2, test_each_epoch=False)
     over = {"gru4rec": {"dropout": 0.0}}
-    made = [run_mod.run_one("gru4rec", leave_one_out(data, 8), 0, fit, hparams=over)]
+    made = [run_mod.run_one("gru4rec", leave_one_out(data, 8), 0, fit, per_user=True, hparams=over)]
     assert built[-1]["dropout"] == 0.0 and built[-1]["dim"] == run_mod.HPARAMS["gru4rec"]["dim"]
-    assert [h["test_ndcg"] for h in made[0]["history"]] == [None, None] and made[0]["metrics"]["full"]["ndcg@10"] >= 0
+    assert [h["test_ndcg"] for h in made[0]["history"]] == [None, None] and len(made[0]["user_ndcg"]) == 40
     n_built = len(built)
-    out = run_mod.run_recsys(data, ("gru4rec", "pop"), 1, 8, fit, hparams=over, runs={"gru4rec": made})
+    out = run_mod.run_recsys(data, ("gru4rec", "pop"), 1, 8, fit, per_user=True, hparams=over, runs={"gru4rec": made})
     assert out["models"]["gru4rec"]["runs"] is made and len(built) == n_built + 1  # only pop was built
     assert out["hparams"]["gru4rec"]["dropout"] == 0.0 and out["hparams"]["sasrec"] == run_mod.HPARAMS["sasrec"]
     with pytest.raises(ValueError, match="1 runs given for 2 seed"):
         run_mod.run_recsys(data, ("gru4rec",), 2, 8, fit, runs={"gru4rec": made})
+    with pytest.raises(ValueError, match="not with seed 0"):
+        run_mod.run_recsys(data, ("gru4rec",), 1, 8, fit, runs={"gru4rec": [{**made[0], "seed": 1}]})
+    other = generate(SyntheticConfig(n_users=30, n_items=120, n_topics=4, max_len=20, seed=1))
+    with pytest.raises(ValueError, match="40 test users, this split has 30"):
+        run_mod.run_recsys(other, ("gru4rec",), 1, 8, fit, per_user=True, runs={"gru4rec": made})
 
 
 # --- end to end ---------------------------------------------------------------------------------------------------

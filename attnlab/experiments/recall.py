@@ -95,7 +95,7 @@ SETUPS = {
                   family_lrs=(("linear", (3e-3, 9e-3, 2.7e-2)),), family_seeds=(("sliding", 1),)),
 }
 # Linear attention's sweep starts where the shared one, extended twice past its top, found its best (9e-3, claim 8's
-# CHANGES): the same runs at the same rates, two fewer. The sliding window's recall is shown, not decided (bounded by
+# CHANGES): the same rates, two fewer runs. The sliding window's recall is shown, not decided (bounded by
 # its reach): one seed shows it.
 # Marked recall (claim 3): tested up to 3T/4, where every distance is trained often (half the marks sit early); a
 # distance near T - 2 needs a mark in the first positions, which training draws rarely, and every family is

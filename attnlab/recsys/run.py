@@ -74,7 +74,8 @@ def run_one(name: str, split: Split, seed: int, fit_cfg: FitConfig, progress: bo
     t0 = time.perf_counter()
     info: dict = {}
     if name in NEURAL:
-        model = build(name, split.n_items, split.max_len, **{**HPARAMS[name], **(hparams or {}).get(name, {})}).to(device)
+        kw = {**HPARAMS[name], **(hparams or {}).get(name, {})}
+        model = build(name, split.n_items, split.max_len, **kw).to(device)
         info = fit(model, split, replace(fit_cfg, seed=seed), progress=progress, desc=f"{name} seed {seed}")
     elif name == "markov":
         model, info = _fit_markov(split)
@@ -134,10 +135,23 @@ def run_recsys(data: str | Interactions = "synthetic", models=MODELS, seeds: int
         # counting models are deterministic: one run stands for every seed
         done = (runs or {}).get(name) or [run_one(name, split, s, fit_cfg, progress, device, per_user, hparams)
                                           for s in (range(seeds) if name in NEURAL else [0])]
-        if len(done) != (seeds if name in NEURAL else 1):
-            raise ValueError(f"{name}: {len(done)} runs given for {seeds} seed(s)")
+        _check_runs(name, done, seeds if name in NEURAL else 1, fit_cfg, split, per_user)
         out["models"][name] = {"runs": done, **aggregate(done)}
     return out
+
+
+def _check_runs(name: str, done: list, seeds: int, fit_cfg: FitConfig, split: Split, per_user: bool) -> None:
+    """Runs made elsewhere must be the ones asked for: one per seed in order, trained with ``fit_cfg``, scored on
+    these test users (a per-user comparison would otherwise pair users wrongly)."""
+    if len(done) != seeds:
+        raise ValueError(f"{name}: {len(done)} runs given for {seeds} seed(s)")
+    for i, r in enumerate(done):
+        if r["seed"] != i or ("config" in r and r["config"] != replace(fit_cfg, seed=i).to_dict()):
+            raise ValueError(f"{name}: run {i} was made with seed {r['seed']} and {r.get('config')}, not with seed {i} "
+                             "and the FitConfig asked for; make the runs again with these settings")
+        if per_user and len(r.get("user_ndcg") or []) != split.test.targets.numel():
+            raise ValueError(f"{name}: run {i} scored {len(r.get('user_ndcg') or [])} test users, this split has "
+                             f"{split.test.targets.numel()}: it was made on other data")
 
 
 def format_table(result: dict) -> str:
