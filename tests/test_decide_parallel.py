@@ -332,3 +332,17 @@ def test_e08_sliding_on_one_seed_is_shown_beside_every_repetition():
     assert d.repeats == [SUPPORTED] * 3
     m["recall"]["ssm"]["test"]["16"] = [{"acc": 1.0}] * 3  # a decided remedy still decides, seed by seed
     check("e08_remedies", m, NOT_SUPPORTED)
+
+
+def test_e08_a_family_not_trained_past_seed_0_leaves_the_claim_outside_its_regime():
+    """recall.Setup.seed_gates: a decided family whose seed 0 missed the bar has one seed; repetitions 2 and 3 show it
+    as not trained (not measured), and the verdict is "regime not reached" even where the data would support."""
+    m = _e08()
+    m["recall"]["ssm"]["test"] = {"4": [{"acc": 0.29}], "16": [{"acc": 0.1}]}
+    d = check("e08_remedies", m, INCONCLUSIVE)
+    assert d.qualifier == REGIME_NOT_REACHED and len(d.repeats) == 3
+    ssm = [c for c in d.regime if c["name"].startswith("ssm's")]
+    assert [c["met"] for c in ssm] == [False, None, None] and "not trained" in ssm[1]["shown"]
+    m["recall"]["ssm"]["test"]["4"] = [{"acc": 0.8}]  # a lone seed 0 that passed (not what the gate leaves): still
+    d = check("e08_remedies", m, INCONCLUSIVE)  # no verdict from the repetitions it is missing from
+    assert d.qualifier == REGIME_NOT_REACHED

@@ -132,7 +132,9 @@ def test_decode_attention_reads_a_bf16_cache():
 
 
 @needs_kernel
-def test_the_compiled_gelu_is_torchs_tanh_gelu_and_stays_out_of_autograd():
+def test_the_compiled_gelu_is_torchs_tanh_gelu_in_place_and_under_autograd():
+    """Outside autograd in place; under it, forward and backward compiled, the input left as it was. Both against
+    the same function in float64, as close as torch's own fp32 GELU is."""
     from attnlab.models.layers import gelu_tanh_
 
     x = torch.randn(300, 1000) * 6
@@ -141,10 +143,48 @@ def test_the_compiled_gelu_is_torchs_tanh_gelu_and_stays_out_of_autograd():
     with torch.no_grad():
         got = gelu_tanh_(x.clone())
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    g = torch.randn(300, 1000)
+    exact = x.double().requires_grad_()
+    torch.nn.functional.gelu(exact, approximate="tanh").backward(g.double())
     leaf = x.clone().requires_grad_()
-    out = gelu_tanh_(leaf * 1)  # autograd on: torch's gelu, whose backward exists
-    out.sum().backward()
-    assert leaf.grad is not None and torch.equal(out.detach(), want)
+    h = leaf * 1
+    out = gelu_tanh_(h)
+    out.backward(g)
+    assert torch.equal(h, x)  # the input is kept for the backward, not overwritten
+    torch.testing.assert_close(out.detach(), want, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(leaf.grad.double(), exact.grad, atol=2e-5, rtol=1e-5)
+    assert out.grad_fn is not None and "GeluTanh" in type(out.grad_fn).__name__
+
+
+@needs_kernel
+@pytest.mark.parametrize("B,T,H,D", [(3, 37, 4, 16), (1, 5, 3, 128), (2, 1, 2, 64)])
+def test_the_compiled_rotary_is_torchs_bit_for_bit_and_its_gradient_too(B, T, H, D):
+    """positional.apply_rotary through rope.cpp == the torch formula exactly, on heads that are a strided view of a
+    fused projection (as the model's split makes them), forward and backward; per-sequence angles fall back."""
+    from attnlab.models.positional import Rope, apply_rotary
+
+    def reference(x, cos, sin):
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    torch.manual_seed(0)
+    qkv = torch.randn(B, T, 3 * H * D) * 3
+    cos, sin = Rope(D).cos_sin(torch.arange(T) + 7, torch.float32)
+    grads = []
+    for fn in (apply_rotary, reference):
+        leaf = qkv.clone().requires_grad_()
+        q = leaf[..., :H * D].view(B, T, H, D).transpose(1, 2)  # (B, H, T, D), not contiguous
+        out = fn(q, cos, sin)
+        out.backward(torch.ones_like(out) * torch.arange(D))
+        grads.append((out.detach(), leaf.grad))
+        if fn is apply_rotary:
+            assert "Rotary" in type(out.grad_fn).__name__
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    strides = [[st for st, n in zip(o.stride(), o.shape) if n > 1] for o, _ in grads]  # a size-1 dim's is moot
+    assert strides[0] == strides[1]  # torch's layout: what the compiled prefill attention reads
+    per_row = Rope(D).cos_sin(torch.arange(T).repeat(B, 1), torch.float32)  # (B, 1, T, D): torch's formula
+    x = torch.randn(B, H, T, D)
+    assert torch.equal(apply_rotary(x, *per_row), reference(x, *per_row))
 
 
 @needs_kernel

@@ -87,6 +87,20 @@ def test_a_family_can_start_its_own_sweep_and_train_fewer_seeds(monkeypatch):
     assert quick.lrs_of("gru") == (1e-3,) and quick.seeds_of("gru") == 2
 
 
+def test_a_family_whose_seed_0_misses_its_gate_trains_no_other_seed(monkeypatch):
+    """Setup.seed_gates: the other seeds train only if seed 0, at its best rate, reaches the gate on the test draw at
+    the smallest test point (the figure the claim's regime reads); a family without a gate trains every seed."""
+    from dataclasses import replace
+    quick = replace(recall.SETUPS["quick"], steps=2, lrs=(1e-3,), seeds=2, test_pairs=(2,),
+                    seed_gates=(("rnn", 1.01), ("gru", 0.0)))
+    monkeypatch.setitem(recall.SETUPS, "quick", quick)
+    monkeypatch.setattr(recall, "_CACHE", {})
+    recall.prefetch(["rnn", "gru", "lstm"], "quick", "cpu", workers=1)
+    counts = {n: len(recall.trained(n, "quick", "cpu")["test"][2]) for n in ("rnn", "gru", "lstm")}
+    assert counts == {"rnn": 1, "gru": 2, "lstm": 2}
+    assert recall.SETUPS["quick"].gate_of("lstm") is None
+
+
 def test_families_are_matched_within_ten_percent_with_equal_heads():
     for scale, setup in [*recall.SETUPS.items(), *recall.MARKED.items()]:
         target = recall.n_params(recall.build_model(recall.model_config("transformer", setup), "meta"))

@@ -105,6 +105,22 @@ CHANGES.append(
              "window's two further seeds (134 job-seconds) fed no decision. Verdict before: "
              "inconclusive (regime not reached: block_sparse and the SSM at 29% at 4 pairs, 3 of 3 repetitions); "
              "after: the reference run that follows this change.")})
+CHANGES.append(
+    {"date": "2026-12-06", "what": "method: a decided family's seeds 1 and 2 train only if its seed 0 reached the "
+                                   "regime's bar; the sliding window at one rate (prediction, threshold and regime "
+                                   "unchanged)",
+     "old": "every decided family trains 3 seeds at its best rate; the sliding window sweeps 3e-4, 1e-3, 3e-3 on seed 0",
+     "new": "a decided family trains seeds 1 and 2 only if seed 0, at its best rate, reads at least the regime's bar "
+            "(exact attention 90%, a remedy 50%) at the smallest pair count on the test draw, the very figure the "
+            "regime reads; otherwise its repetitions 2 and 3 show it as not trained (not measured, so outside the "
+            "regime). The sliding window trains 1e-3 only",
+     "why": ("The report must fit in an hour on 2 cores. Every repetition outside the regime makes the verdict "
+             "'inconclusive (regime not reached)' (base.over_repeats), so once a family's seed 0 misses the bar no "
+             "other seed can change the verdict: in the reference at c5f2b2d the SSM's and block_sparse's seeds 1 and "
+             "2 (296 job-seconds) read 29% like seed 0. The sliding window's sweep read 7% at every rate (6.9%, 7.6%, "
+             "7.4% on validation) and its recall is shown, not decided (155 job-seconds for its two other rates). "
+             "Verdict before: inconclusive (regime not reached: block_sparse and the SSM at 29% at 4 pairs, 3 of 3 "
+             "repetitions); after: the reference run that follows this change.")})
 REMEDIES = ("sliding", "block_sparse", "linear", "ssm")
 RECALL_DECIDED = ("block_sparse", "linear", "ssm")  # the sliding window's recall is bounded by its reach: shown
 # Quick scale trains a bounded window and a fixed state (sliding, linear); block_sparse and the SSM are trained
@@ -113,9 +129,10 @@ RECALL_MODELS = {"quick": ("transformer", "sliding", "linear"), "full": ("transf
 # The lowest exponent each kernel can physically show at long n (its asymptotic growth, less noise).
 LOWEST = {"sdpa": 1.0, "flash": 1.0, "sliding": 0.5, "block_sparse": 1.0, "linear": 0.5, "ssm": 0.5}
 EST_S = {"quick": 3, "full": 60}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
-TRAIN_EST_S = {"quick": 30, "full": 700}  # this claim's share of the training stage (training.py), in seconds
+TRAIN_EST_S = {"quick": 30, "full": 600}  # this claim's share of the training stage (training.py), in seconds
 WINDOW = recall.MODEL_FIELDS["sliding"]["window"]  # the recall model's window: the one timed
-RECALL_MARGIN, LEARNED, REMEDY_LEARNED, MIN_N_PER_WINDOW = 0.05, 0.9, 0.5, 32
+RECALL_MARGIN, MIN_N_PER_WINDOW = 0.05, 32
+LEARNED, REMEDY_LEARNED = recall.LEARNED, recall.REMEDY_LEARNED  # the regime's bars; the training stage gates on them
 
 
 def _times(lens, device, repeats, warmup=1, H=4, D=64):
@@ -200,9 +217,21 @@ def _one(lens, times: dict, acc: dict) -> Decision:
 
 
 def _seed(family: str, i: int) -> int:
-    """The seed a repetition reads: its own for a decided family (one missing is an error), seed 0 for the sliding
-    window, which trains one seed because its recall is only shown."""
+    """The seed a repetition reads: its own for a decided family, seed 0 for the sliding window, which trains one seed
+    because its recall is only shown."""
     return i if family in RECALL_DECIDED or family == "transformer" else 0
+
+
+def _learned(rec: dict, family: str, at: int, i: int, need: float, why: str) -> dict:
+    """The regime's condition on one family's accuracy at ``at`` pairs in seed i. A decided family has no seed i when
+    its seed 0 missed this same bar (recall.Setup.seed_gates): not measured, so outside the regime."""
+    runs = rec[family][at]
+    name = f"{family}'s MQAR accuracy at {at} pairs (seed {i})"
+    if i >= len(runs):
+        return condition(name, None, f">= {need:.0%} ({why})", None,
+                         f"not trained: seed 0 read {runs[0]['acc']:.0%}, below the bar")
+    a = runs[i]["acc"]
+    return condition(name, a, f">= {need:.0%} ({why})", a >= need, f"{a:.0%}")
 
 
 def decide(m: dict) -> Decision:
@@ -212,18 +241,19 @@ def decide(m: dict) -> Decision:
     top, smallest = max(rec["transformer"]), min(rec["transformer"])
     window = m.get("window", WINDOW)
     decisions = []
-    for i in range(len(rec["transformer"][top])):
-        acc = {f: r[top][_seed(f, i)]["acc"] for f, r in rec.items()}
-        learned = rec["transformer"][smallest][i]["acc"]
-        regime = [condition(f"exact attention's MQAR accuracy at {smallest} pairs (seed {i})", learned,
-                            f">= {LEARNED:.0%} (the baseline learned recall)", learned >= LEARNED, f"{learned:.0%}")]
-        for f in (f for f in RECALL_DECIDED if f in rec):
-            a = rec[f][smallest][_seed(f, i)]["acc"]
-            regime.append(condition(f"{f}'s MQAR accuracy at {smallest} pairs (seed {i})", a,
-                                    f">= {REMEDY_LEARNED:.0%} (it learned the task)", a >= REMEDY_LEARNED, f"{a:.0%}"))
+    for i in range(max(len(r[top]) for r in rec.values())):
+        acc = {f: r[top][_seed(f, i)]["acc"] for f, r in rec.items() if _seed(f, i) < len(r[top])}
+        regime = [_learned(rec, "transformer", smallest, i, LEARNED, "the baseline learned recall")]
+        regime += [_learned(rec, f, smallest, i, REMEDY_LEARNED, "it learned the task") for f in RECALL_DECIDED
+                   if f in rec]
         regime.append(condition("shortest timed n / sliding window", lens[0] / window, f">= {MIN_N_PER_WINDOW}",
                                 lens[0] / window >= MIN_N_PER_WINDOW, f"{lens[0]} / {window}"))
-        decisions.append(in_regime(regime, _one(lens, rounds[i % len(rounds)], acc)))
+        if "transformer" in acc and all(f in acc for f in RECALL_DECIDED if f in rec):
+            one = _one(lens, rounds[i % len(rounds)], acc)
+        else:  # a family not trained on this seed: its seed 0 already put the claim outside its regime
+            one = Decision(verdict(None), "a family was not trained on this seed", ["a family was not trained on "
+                                                                                     "this seed (seed 0 missed the bar)"])
+        decisions.append(in_regime(regime, one))
     d = over_repeats(decisions)
     exps = {k: fit_exponent(lens, v) for k, v in m["times_s"].items()}
     fmt = lambda e: "?" if e is None else f"{e:.2f}"
@@ -250,8 +280,10 @@ def run(scale: str, device: str) -> Outcome:
              [Series(f, pairs, c) for f, c in curve.items()])], rows,
         ["Recall models are trained on MQAR with Zoology's recipe (recall.py: a learning-rate sweep per family, "
          f"parameters within 10% of the transformer's, {recall.SETUPS[scale].seeds} seed(s), the sliding window's "
-         f"{recall.SETUPS[scale].seeds_of('sliding')} since it is shown, not decided; linear attention's sweep starts "
-         f"at {recall.SETUPS[scale].lrs_of('linear')[0]:g}): sliding has a window of {WINDOW} tokens, the "
+         f"{recall.SETUPS[scale].seeds_of('sliding')} at {len(recall.SETUPS[scale].lrs_of('sliding'))} rate(s) since "
+         "it is shown, not decided; a decided family whose seed 0 misses the regime's bar at the smallest pair count "
+         "trains no other seed, since that repetition alone leaves the claim outside its regime; linear attention's "
+         f"sweep starts at {recall.SETUPS[scale].lrs_of('linear')[0]:g}): sliding has a window of {WINDOW} tokens, the "
          f"window timed too; block_sparse uses blocks of sqrt(n) tokens in both (8 at the recall length of 64).",
          "Times: one round per recall seed, each the median of its calls after a warm-up; the table and plot show "
          "the median over rounds, the verdict decides each round with its seed."])

@@ -14,7 +14,8 @@ on validation data, equal heads and parameter budgets. This module does that at 
 - each learning rate of ``Setup.lrs`` (or the family's own, ``Setup.family_lrs``) trained on seed 0 and scored on
   a validation draw; when the best is at an end of the sweep, the sweep is extended past that end (up to
   ``MAX_EXTEND`` more rates, ``next_rates``) so the best rate is bracketed; the best one is trained on the other
-  seeds (``Setup.family_seeds``: fewer for a family a claim only shows); test accuracy per number of pairs (MQAR:
+  seeds (``Setup.family_seeds``: fewer for a family a claim only shows; ``Setup.seed_gates``: none when seed 0
+  misses the claim's regime, which no other seed can then restore); test accuracy per number of pairs (MQAR:
   Zoology's curve) or per distance (marked recall) on a third draw.
 
 The training recipe below (untied embeddings, init std 0.07, Adam beta2 0.999, no clipping, constant rate
@@ -74,6 +75,7 @@ class Setup:
     n_queries: int = 8  # marked recall: queries per training sequence
     family_lrs: tuple = ()  # ((family, rates), ...): where a family's sweep starts instead of ``lrs``
     family_seeds: tuple = ()  # ((family, seeds), ...): fewer seeds for a family whose recall is shown, not decided
+    seed_gates: tuple = ()  # ((family, accuracy), ...): its other seeds train only if seed 0 reaches this at test_at[0]
 
     @property
     def test_at(self) -> tuple:
@@ -86,17 +88,26 @@ class Setup:
     def seeds_of(self, name: str) -> int:
         return dict(self.family_seeds).get(name, self.seeds)
 
+    def gate_of(self, name: str) -> float | None:
+        return dict(self.seed_gates).get(name)
 
+
+# Claim 8's regime: what a model must reach at the smallest pair count, on the test draw, for its recall to be read:
+# exact attention LEARNED, a remedy REMEDY_LEARNED (e08_remedies.py states why).
+LEARNED, REMEDY_LEARNED = 0.9, 0.5
 SETUPS = {
     "quick": Setup(seq_len=40, vocab=64, train_pairs=(4, 8), test_pairs=(2, 4, 8), filler=(0, 8), filler_from=0.5,
                    dim=64, heads=4, steps=800, batch=32, lrs=(1e-3,), seeds=1, test_n=256),
     "full": Setup(seq_len=64, vocab=128, train_pairs=(4, 8, 16), test_pairs=(4, 8, 12, 16), filler=(0, 12),
                   filler_from=0.5, dim=64, heads=4, steps=1200, batch=32, lrs=(3e-4, 1e-3, 3e-3), seeds=3, test_n=512,
-                  family_lrs=(("linear", (3e-3, 9e-3, 2.7e-2)),), family_seeds=(("sliding", 1),)),
+                  family_lrs=(("linear", (3e-3, 9e-3, 2.7e-2)), ("sliding", (1e-3,))), family_seeds=(("sliding", 1),),
+                  seed_gates=(("transformer", LEARNED), ("block_sparse", REMEDY_LEARNED), ("linear", REMEDY_LEARNED),
+                              ("ssm", REMEDY_LEARNED))),
 }
 # Linear attention's sweep starts where the shared one, extended twice past its top, found its best (9e-3, claim 8's
 # CHANGES): the same rates, two fewer runs. The sliding window's recall is shown, not decided (bounded by
-# its reach): one seed shows it.
+# its reach): one seed at one rate shows it. A decided family whose seed 0 misses claim 8's regime at the smallest pair
+# count trains no other seed: that repetition alone makes the verdict "regime not reached", whatever the others read.
 # Marked recall (claim 3): tested up to 3T/4, where every distance is trained often (half the marks sit early); a
 # distance near T - 2 needs a mark in the first positions, which training draws rarely, and every family is
 # undertrained there. At full scale the steps and queries are what the tanh RNN, the slowest family to learn even
@@ -106,8 +117,11 @@ MARKED = {
     "quick": Setup(task="marked", seq_len=32, vocab=64, test_distances=(1, 2, 4, 8, 16, 20, 24), dim=64, heads=4,
                    steps=800, batch=32, lrs=(1e-3,), seeds=1, test_n=256),
     "full": Setup(task="marked", seq_len=48, vocab=128, test_distances=(1, 2, 4, 8, 16, 24, 28, 32, 36), dim=64,
-                  heads=4, steps=2000, batch=32, lrs=(3e-4, 1e-3, 3e-3), seeds=3, test_n=512, n_queries=12),
+                  heads=4, steps=2000, batch=32, lrs=(3e-4, 1e-3, 3e-3), seeds=3, test_n=512, n_queries=12,
+                  family_lrs=(("lstm", (1e-3, 3e-3, 9e-3)), ("rnn", (9e-5, 3e-4, 1e-3)))),
 }
+# The LSTM's and the tanh RNN's sweeps start at the three rates around the best that the shared sweep, extended past
+# one end, found for them (3e-3 and 3e-4: claim 3's CHANGES); the same extension rule applies.
 
 VALIDATION_SEED, TEST_SEED = 7, 99
 MAX_EXTEND = 2  # rates added past an end of the sweep, at most, per family
@@ -220,7 +234,8 @@ def _validation(model, setup: Setup, device: str) -> float:
 def _family(name: str, scale: str, device: str, task: str = "mqar"):
     """One family's training as a task of the training stage: each rate of the sweep on seed 0, scored on a
     validation draw; while the best is at an end of the sweep, one rate past that end (up to ``MAX_EXTEND``); the
-    other seeds at the best rate; then the test, into the cache."""
+    other seeds at the best rate (none if seed 0 misses its gate, ``Setup.seed_gates``); then the test, into the
+    cache."""
     setup = setup_of(scale, task)
     cfg = matched_config(name, setup)
 
@@ -242,7 +257,10 @@ def _family(name: str, scale: str, device: str, task: str = "mqar"):
         for lr, m in zip(extra, (yield from runs([(lr, 0) for lr in extra]))):
             sweep[lr], val[lr] = m, _validation(m, setup, device)
     best = best_rate(val)
-    seeds = [sweep[best]] + (yield from runs([(best, s) for s in range(1, setup.seeds_of(name))]))
+    gate, n_seeds = setup.gate_of(name), setup.seeds_of(name)
+    if gate is not None and accuracy(sweep[best], setup, setup.test_at[0], TEST_SEED, device)["acc"] < gate:
+        n_seeds = 1  # the figure the claim's regime reads for seed 0 (accuracy() is deterministic): it missed
+    seeds = [sweep[best]] + (yield from runs([(best, s) for s in range(1, n_seeds)]))
     test = {p: [accuracy(m, setup, p, TEST_SEED, device) for m in seeds] for p in setup.test_at}
     _CACHE[(task, name, scale, str(device))] = {"params": n_params(seeds[0]), "dim": cfg.dim, "lr_sweep": val,
                                                 "best_lr": best, "lr_bracketed": bracketed(val, best), "models": seeds,

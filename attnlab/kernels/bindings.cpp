@@ -7,6 +7,7 @@
 #include "block_step.cpp"
 #include "evict.cpp"
 #include "ssm_scan.cpp"
+#include "rope.cpp"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &few_rows_linear,
@@ -15,6 +16,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_post", &block_post, "a decode step's output projection, residual, norm, MLP and residual of one block");
   m.def("block_decode", &block_decode, "a block's whole decode step: pre, rotary, cache write, attention, post");
   m.def("gelu_tanh_", &gelu_tanh_, "GELU (tanh approximation) in place, fp32");
+  m.def("gelu_tanh_forward", &gelu_tanh_forward, "GELU (tanh approximation) into a new tensor, fp32");
+  m.def("gelu_tanh_backward", &gelu_tanh_backward, "the gradient of gelu_tanh_forward at x, times g, fp32");
+  m.def("rope_apply", &rope_apply, "rotate-half rotary over (B, H, T, D), or its inverse, fp32");
   m.def("evict", &evict, "flush a tensor's bytes from every cache level");
   m.def("lanes", []() { return int64_t(attnlab::VW); }, "fp32 lanes of one vector in this build");
   m.def("prefill_attention", &prefill_attention, "causal attention of T new queries per row over S >= T keys, fp32",

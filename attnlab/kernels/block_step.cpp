@@ -124,7 +124,7 @@ torch::Tensor block_post(torch::Tensor x, torch::Tensor attn, torch::Tensor wo, 
     linear_into(n.data(), M, K, w3, s3, b3, g.data());
     silu_mul(a.data(), g.data(), M * F);
   } else {
-    gelu_tanh(a.data(), M * F);
+    gelu_tanh(a.data(), a.data(), M * F);
   }
   linear_into(a.data(), M, F, w2, s2, b2, m2.data());
   for (int64_t i = 0; i < M * K; i++) h[i] += m2[i];

@@ -46,15 +46,33 @@ class MLP(nn.Module):
         return self.w2(gelu_tanh_(self.w1(x)))
 
 
+class _GeluTanh(torch.autograd.Function):
+    """Training's compiled GELU: forward and backward in attnlab's kernels (activations.h), the input kept."""
+
+    @staticmethod
+    def forward(ctx, h):
+        ctx.save_for_backward(h)
+        return kernels.native().gelu_tanh_forward(h)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        (h,) = ctx.saved_tensors
+        return kernels.native().gelu_tanh_backward(h, g.contiguous())
+
+
 def gelu_tanh_(h: torch.Tensor) -> torch.Tensor:
     """GELU, tanh approximation, which may overwrite ``h`` (pass a fresh tensor: here a Linear's output). A large
-    fp32 activation outside autograd on a CPU goes through attnlab's compiled GELU, in place: torch's CPU GELU is a
-    visible share of a prefill, the compiled one is vectorised (the same formula, tanh via exp, absolute error
-    ~1e-7; docs/engine.md). Under a dispatch-level tracer (measure.trace), torch's, which the tracer sees."""
+    fp32 activation on a CPU goes through attnlab's compiled GELU: in place outside autograd, forward and backward
+    under it. torch's CPU GELU (tanh form) is a visible share of a prefill and of a small model's training step; the
+    compiled one is vectorised (the same formula, tanh via exp, absolute error ~1e-7; docs/engine.md). Under a
+    dispatch-level tracer (measure.trace), torch's, which the tracer sees."""
     if (h.dtype == torch.float32 and h.device.type == "cpu" and h.numel() >= _GELU_MIN and h.is_contiguous()
-            and not (torch.is_grad_enabled() and h.requires_grad) and _current_dispatch_mode() is None):
+            and _current_dispatch_mode() is None):
         mod = kernels.native()
         if mod is not None:
+            if torch.is_grad_enabled() and h.requires_grad:
+                return _GeluTanh.apply(h)
             mod.gelu_tanh_(h)
             return h
     return F.gelu(h, approximate="tanh")

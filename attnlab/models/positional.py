@@ -13,7 +13,9 @@ import math
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
+from attnlab import kernels
 from attnlab.errors import ConfigError
 
 
@@ -129,7 +131,34 @@ class Rope(Positional):
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 
+class _Rotary(torch.autograd.Function):
+    """The compiled rotary (kernels/rope.cpp) under autograd: its gradient is the inverse rotation, one more pass."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return kernels.native().rope_apply(x, cos, sin, False)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        cos, sin = ctx.saved_tensors
+        return kernels.native().rope_apply(g if g.stride(-1) == 1 else g.contiguous(), cos, sin, True), None, None
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, T, D) rotated: x * cos + cat(-x[half:], x[:half]) * sin. An fp32 CPU call with one row of angles per
+    position goes through attnlab's compiled pass (bit for bit this formula; five passes and their backward in torch),
+    unless a dispatch-level tracer (measure.trace) must see torch's ops."""
+    if (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 4 and x.stride(-1) == 1
+            and cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape == x.shape[-2:]
+            and not (cos.requires_grad or sin.requires_grad) and _current_dispatch_mode() is None):
+        mod = kernels.native()
+        if mod is not None:
+            cos, sin = cos.contiguous(), sin.contiguous()
+            if torch.is_grad_enabled() and x.requires_grad:
+                return _Rotary.apply(x, cos, sin)
+            return mod.rope_apply(x, cos, sin, False)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
