@@ -343,6 +343,11 @@ def test_e08_a_family_not_trained_past_seed_0_leaves_the_claim_outside_its_regim
     assert d.qualifier == REGIME_NOT_REACHED and len(d.repeats) == 3
     ssm = [c for c in d.regime if c["name"].startswith("ssm's")]
     assert [c["met"] for c in ssm] == [False, None, None] and "not trained" in ssm[1]["shown"]
-    m["recall"]["ssm"]["test"]["4"] = [{"acc": 0.8}]  # a lone seed 0 that passed (not what the gate leaves): still
-    d = check("e08_remedies", m, INCONCLUSIVE)  # no verdict from the repetitions it is missing from
-    assert d.qualifier == REGIME_NOT_REACHED
+    m["recall"]["ssm"]["test"]["4"] = [{"acc": 0.8}]  # a lone seed 0 that passed: not what the gate leaves, a fault
+    with pytest.raises(ValueError, match="no seed 1 although its seed 0 reached the bar"):
+        importlib.import_module("attnlab.experiments.e08_remedies").decide(m)
+    m["recall_setup"] = {"seeds": 3}  # every gated family: the repetitions are the setup's seeds, all shown
+    for f in ("transformer", "block_sparse", "linear", "ssm"):
+        m["recall"][f]["test"] = {"4": [{"acc": 0.2}], "16": [{"acc": 0.1}]}
+    d = check("e08_remedies", m, INCONCLUSIVE)
+    assert d.qualifier == REGIME_NOT_REACHED and len(d.repeats) == 3

@@ -182,6 +182,11 @@ def test_the_compiled_rotary_is_torchs_bit_for_bit_and_its_gradient_too(B, T, H,
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
     strides = [[st for st, n in zip(o.stride(), o.shape) if n > 1] for o, _ in grads]  # a size-1 dim's is moot
     assert strides[0] == strides[1]  # torch's layout: what the compiled prefill attention reads
+    x = torch.randn(B, H, T, D, requires_grad=True)  # any angles, halves unequal: the gradient is the transpose
+    cos, sin = torch.randn(T, D), torch.randn(T, D)
+    (g_ours,) = torch.autograd.grad(apply_rotary(x, cos, sin), x, torch.arange(D) + torch.ones(B, H, T, D))
+    (g_ref,) = torch.autograd.grad(reference(x, cos, sin), x, torch.arange(D) + torch.ones(B, H, T, D))
+    assert torch.equal(g_ours, g_ref)
     per_row = Rope(D).cos_sin(torch.arange(T).repeat(B, 1), torch.float32)  # (B, 1, T, D): torch's formula
     x = torch.randn(B, H, T, D)
     assert torch.equal(apply_rotary(x, *per_row), reference(x, *per_row))

@@ -264,6 +264,8 @@ def run(scale: str, device: str) -> Outcome:
          f"range; {s.n_queries} queries a training sequence, half its marks in the first quarter; one query a test "
          f"sequence ({s.test_n} per distance, tested to {max(s.test_distances)}: the distances near {s.seq_len - 2} "
          "need a mark in the first positions, which training draws rarely). "
-         f"{s.steps} steps of {s.batch}; learning rates {s.lrs} swept on seed 0 (best on a validation draw; a best at "
+         f"{s.steps} steps of {s.batch}; learning rates {s.lrs} swept on seed 0 ("
+         + "".join(f"{n}'s from {s.lrs_of(n)}, " for n, _ in s.family_lrs)
+         + "best on a validation draw; a best at "
          f"an end of the sweep extends it), then {s.seeds} seed(s) at the best; every family within 10% of the "
          "transformer's parameters. Recurrent families train through torch's fused kernel (the same recurrence)."])

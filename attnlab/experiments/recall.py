@@ -75,7 +75,7 @@ class Setup:
     n_queries: int = 8  # marked recall: queries per training sequence
     family_lrs: tuple = ()  # ((family, rates), ...): where a family's sweep starts instead of ``lrs``
     family_seeds: tuple = ()  # ((family, seeds), ...): fewer seeds for a family whose recall is shown, not decided
-    seed_gates: tuple = ()  # ((family, accuracy), ...): its other seeds train only if seed 0 reaches this at test_at[0]
+    seed_gates: tuple = ()  # ((family, accuracy), ...): other seeds train only if seed 0 reaches it at min(test_at)
 
     @property
     def test_at(self) -> tuple:
@@ -257,11 +257,13 @@ def _family(name: str, scale: str, device: str, task: str = "mqar"):
         for lr, m in zip(extra, (yield from runs([(lr, 0) for lr in extra]))):
             sweep[lr], val[lr] = m, _validation(m, setup, device)
     best = best_rate(val)
+    first = {p: accuracy(sweep[best], setup, p, TEST_SEED, device) for p in setup.test_at}  # seed 0's test
     gate, n_seeds = setup.gate_of(name), setup.seeds_of(name)
-    if gate is not None and accuracy(sweep[best], setup, setup.test_at[0], TEST_SEED, device)["acc"] < gate:
-        n_seeds = 1  # the figure the claim's regime reads for seed 0 (accuracy() is deterministic): it missed
-    seeds = [sweep[best]] + (yield from runs([(best, s) for s in range(1, n_seeds)]))
-    test = {p: [accuracy(m, setup, p, TEST_SEED, device) for m in seeds] for p in setup.test_at}
+    if gate is not None and first[min(setup.test_at)]["acc"] < gate:
+        n_seeds = 1  # the very figure the claim's regime reads for seed 0: it missed the bar
+    more = yield from runs([(best, s) for s in range(1, n_seeds)])
+    seeds = [sweep[best]] + more
+    test = {p: [first[p]] + [accuracy(m, setup, p, TEST_SEED, device) for m in more] for p in setup.test_at}
     _CACHE[(task, name, scale, str(device))] = {"params": n_params(seeds[0]), "dim": cfg.dim, "lr_sweep": val,
                                                 "best_lr": best, "lr_bracketed": bracketed(val, best), "models": seeds,
                                                 "test": test, "config": asdict(cfg)}

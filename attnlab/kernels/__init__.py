@@ -6,8 +6,9 @@ slowly on the CPUs here), ``decode_attention`` (decode_attention.cpp: one query 
 contiguous or paged, fp32 or bf16, every row and head in one call), ``block_decode``
 (block_step.cpp: a transformer block's whole decode step, cache write and attention included, in one call),
 ``block_pre`` / ``block_post`` (the same step in two calls around Python's attention, where the cache cannot
-say where its keys go), ``gelu_tanh_`` / ``gelu_tanh_forward`` / ``gelu_tanh_backward`` (activations.h: the prefill's GELU in place,
-training's forward and backward), ``rope_apply`` (rope.cpp: rotary over a whole (B, H, T, D) tensor), ``evict`` (evict.cpp: flush a
+say where its keys go), ``gelu_tanh_`` / ``gelu_tanh_forward`` / ``gelu_tanh_backward`` (activations.h: the
+prefill's GELU in place, training's forward and backward), ``rope_apply`` (rope.cpp: rotary over a whole
+(B, H, T, D) tensor, or its transpose), ``evict`` (evict.cpp: flush a
 tensor from the caches, for cold timings) and ``ssm_scan_forward`` / ``ssm_scan_backward`` (ssm_scan.cpp: the SSM's
 sequential scan with each channel's state in registers). None: no C++ compiler or Python headers, a failed build, or
 ``ATTNLAB_KERNELS=0`` (which benchmarks use to time the fallback side by side). The build

@@ -132,7 +132,7 @@ class Rope(Positional):
 
 
 class _Rotary(torch.autograd.Function):
-    """The compiled rotary (kernels/rope.cpp) under autograd: its gradient is the inverse rotation, one more pass."""
+    """The compiled rotary (kernels/rope.cpp) under autograd: its gradient is the transpose, one more pass."""
 
     @staticmethod
     def forward(ctx, x, cos, sin):
@@ -150,8 +150,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """x (B, H, T, D) rotated: x * cos + cat(-x[half:], x[:half]) * sin. An fp32 CPU call with one row of angles per
     position goes through attnlab's compiled pass (bit for bit this formula; five passes and their backward in torch),
     unless a dispatch-level tracer (measure.trace) must see torch's ops."""
-    if (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 4 and x.stride(-1) == 1
-            and cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape == x.shape[-2:]
+    if (x.dtype == torch.float32 and x.device.type == cos.device.type == sin.device.type == "cpu" and x.dim() == 4
+            and x.stride(-1) == 1 and cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape == x.shape[-2:]
             and not (cos.requires_grad or sin.requires_grad) and _current_dispatch_mode() is None):
         mod = kernels.native()
         if mod is not None:
