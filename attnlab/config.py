@@ -72,6 +72,8 @@ class ModelConfig:
     ssm_expand: int = 2  # family "ssm": inner width = ssm_expand * dim
     scan: str = "parallel"  # family "ssm": "parallel" (log-depth) or "sequential" (a loop over T)
     short_conv: int = 4  # families "linear", "ssm": causal depthwise convolution width before the mixer; 0: none
+    ssm_gate_bias: float | None = 2.0  # family "ssm": the output gate is silu(z + b), b learned per channel from this
+    # start (an open gate); None: Mamba's silu(z), no parameter
 
     def __post_init__(self) -> None:
         _choice("family", self.family, FAMILIES)
@@ -84,6 +86,10 @@ class ModelConfig:
             _positive(name, getattr(self, name))
         _positive("block_size", self.block_size, allow_zero=True)
         _positive("short_conv", self.short_conv, allow_zero=True)
+        if self.ssm_gate_bias is not None and (isinstance(self.ssm_gate_bias, bool)
+                                               or not isinstance(self.ssm_gate_bias, (int, float))):
+            raise ConfigError(f"ssm_gate_bias={self.ssm_gate_bias!r} must be a number (the gate bias's start) or "
+                              "null (Mamba's gate, no bias)")
         for name in ("bias", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be true or false")
@@ -136,9 +142,12 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> "ModelConfig":
         """A config read back (to_dict writes every field). A linear / SSM config without ``short_conv`` was
-        written before the short convolution existed: its weights have none, so it is built with none."""
+        written before the short convolution existed, an SSM config without ``ssm_gate_bias`` before the gate's bias:
+        its weights have neither, so it is built without."""
         if isinstance(data, dict) and data.get("family") in ("linear", "ssm") and "short_conv" not in data:
             data = {**data, "short_conv": 0}
+        if isinstance(data, dict) and data.get("family") == "ssm" and "ssm_gate_bias" not in data:
+            data = {**data, "ssm_gate_bias": None}
         return _strict(cls, data, source)
 
 

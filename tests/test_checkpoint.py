@@ -105,6 +105,23 @@ def test_config_from_before_the_short_convolution_still_loads(tmp_path, family):
     torch.testing.assert_close(loaded(x)[0], model(x)[0], atol=0, rtol=0)
 
 
+def test_ssm_config_from_before_the_gate_bias_still_loads(tmp_path):
+    model = build_model(tiny(family="ssm", pos="none", ssm_gate_bias=None)).eval()  # Mamba's gate: no bias
+    save_checkpoint(tmp_path, model, RunConfig(model=model.cfg))
+    _rewrite_config(tmp_path, lambda d: d["model"].pop("ssm_gate_bias"))
+    loaded, cfg = load_checkpoint(tmp_path)
+    x = torch.randint(0, 37, (2, 9))
+    assert cfg.model.ssm_gate_bias is None
+    torch.testing.assert_close(loaded(x)[0], model(x)[0], atol=0, rtol=0)
+
+
+def test_the_ssm_gate_starts_open_and_is_learned():
+    """The init that zeroes every other bias leaves the gate's at its start (ssm.py says why it must be open)."""
+    model = build_model(tiny(family="ssm", pos="none", ssm_gate_bias=1.5))
+    biases = [m.gate_bias for m in model.modules() if getattr(m, "gate_bias", None) is not None]
+    assert biases and all(b.requires_grad and torch.equal(b, torch.full_like(b, 1.5)) for b in biases)
+
+
 def test_config_that_does_not_fit_the_weights(ckpt):
     _rewrite_config(ckpt, lambda d: d["model"].update(dim=64, head_dim=None, hidden_dim=None))
     with pytest.raises(CheckpointError, match="shape"):
@@ -117,6 +134,7 @@ def test_config_that_does_not_fit_the_weights(ckpt):
     ("n_kv_heads", 3, "n_kv_heads=3 must divide n_heads=4"),
     ("dim", 30, "n_heads=4 must divide dim=30"),
     ("qkv_bias", "yes", "qkv_bias='yes' must be true or false"),
+    ("ssm_gate_bias", "open", "ssm_gate_bias='open' must be a number"),
 ])
 def test_invalid_model_fields_name_the_field(field, value, message):
     with pytest.raises(ConfigError, match=message):

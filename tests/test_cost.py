@@ -49,7 +49,7 @@ def test_published_parameter_counts():
 @pytest.mark.parametrize("kw", [dict(), dict(n_kv_heads=2, mlp="swiglu", norm="rmsnorm", tie_embeddings=False),
                                 dict(pos="learned", bias=True), dict(family="lstm"), dict(family="gru"),
                                 dict(family="linear", pos="none"), dict(family="ssm", pos="none"),
-                                dict(family="ssm", pos="none", short_conv=0)])
+                                dict(family="ssm", pos="none", short_conv=0, ssm_gate_bias=None)])
 def test_parameter_counts_equal_attnlab_models(kw):
     cfg = ModelConfig(dim=64, n_layers=3, n_heads=4, vocab_size=101, max_seq_len=80, **kw)
     assert params(from_model_config(cfg))["total"] == count_params(build_model(cfg))

@@ -30,11 +30,12 @@ def dtype_bytes(dtype: str) -> int:
 
 def layer_params(a: Arch) -> dict:
     """Per-layer parameter counts: attention = d*(H+2Hkv)*D + H*D*d (+ biases); MLP = 2*d*F (gelu) or 3*d*F.
-    SSM mixer (no MLP): in 2*d*E, dt d*R/16.. (E*R + R*E + E), B/C 2*E*N, A E*N, D E, out E*d. A short
+    SSM mixer (no MLP): in 2*d*E, dt d*R/16.. (E*R + R*E + E), B/C 2*E*N, A E*N, D E, out E*d, gate bias E. A short
     convolution of width w over C channels (linear: C = 3*H*D, SSM: C = E) adds C*(w + 1)."""
     if a.family == "ssm":
         E, N, R = a.ssm_expand * a.dim, a.ssm_state, max(1, math.ceil(a.dim / 16))
-        mixer = 2 * a.dim * E + E * R + R * E + E + 2 * E * N + E * N + E + E * a.dim + conv_channels(a) * (a.short_conv + 1)
+        mixer = (2 * a.dim * E + E * R + R * E + E + 2 * E * N + E * N + E + E * a.dim + E * a.ssm_gate_bias
+                 + conv_channels(a) * (a.short_conv + 1))
         return {"attention": mixer, "mlp": 0, "norms": a.dim * (2 if a.norm_bias else 1)}
     q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
     if a.family == "linear":
@@ -134,7 +135,8 @@ def forward_elementwise(a: Arch, T: int, S: int = 0, batch: int = 1, sampled_row
     (half-split, negate, concatenate, multiply, multiply-add); softmax H*keys (the exponentials of the scores;
     + H*keys for an ALiBi bias); activation T*F (GELU) or 3*T*F (SiLU, gate product). Recurrent: the gate
     nonlinearities and state updates, (2 + 3*gates)*T*d per layer; SSM: the scan's elementwise updates
-    4*T*E*N + norms and gates; linear attention: the feature map and normaliser, 4*T*(q + kv) + norms + MLP;
+    4*T*E*N + norms and gates (T*E more with the gate's bias); linear attention: the feature map and normaliser,
+    4*T*(q + kv) + norms + MLP;
     either with a short convolution: its SiLU, T*C (conv_channels). Sampling a token from a row of logits (argmax or draw, and the log-sum-exp for its log-probability): 2*V
     per sampled row. Narrow models spend a large share of a CPU prefill here."""
     d, L = a.dim, a.n_layers
@@ -143,7 +145,7 @@ def forward_elementwise(a: Arch, T: int, S: int = 0, batch: int = 1, sampled_row
         parts = {"recurrent": L * T * d * (2 + 3 * gates)}
     elif a.family == "ssm":
         E, N = a.ssm_expand * d, a.ssm_state
-        parts = {"scan": L * T * 4 * E * N, "norms_gates": L * T * (2 * d + 3 * E)}
+        parts = {"scan": L * T * 4 * E * N, "norms_gates": L * T * (2 * d + 3 * E + E * a.ssm_gate_bias)}
     else:
         q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
         act = T * a.hidden_dim * (3 if a.mlp == "swiglu" else 1)

@@ -39,6 +39,7 @@ class Arch:
     ssm_expand: int = 2
     scan: str = "parallel"
     short_conv: int = 0  # linear / ssm: width of the causal depthwise convolution before the mixer
+    ssm_gate_bias: bool = False  # ssm: a learned bias on the output gate (E parameters a layer)
 
     def __post_init__(self) -> None:
         for field in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "max_seq_len"):
@@ -61,7 +62,8 @@ def from_model_config(cfg, name: str = "attnlab") -> Arch:
                 family=cfg.family, sliding_window=cfg.window if cfg.kernel == "sliding" else None,
                 block_size=cfg.block_size if cfg.kernel == "block_sparse" else None, chunk_size=cfg.chunk_size,
                 ssm_state=cfg.ssm_state, ssm_expand=cfg.ssm_expand, scan=cfg.scan,
-                short_conv=cfg.short_conv if cfg.family in ("linear", "ssm") else 0)
+                short_conv=cfg.short_conv if cfg.family in ("linear", "ssm") else 0,
+                ssm_gate_bias=cfg.family == "ssm" and cfg.ssm_gate_bias is not None)
 
 
 _HF_NEEDS = {"gpt2": ("vocab_size", "n_embd", "n_layer", "n_head"),

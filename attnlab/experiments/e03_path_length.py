@@ -139,6 +139,7 @@ CHANGES.append(
              "3e-4 0.120, 1e-3 0.012, 3e-3 0.007, best 3e-4): starting at the three rates around each best trains "
              "the same rates on the same seed without the one farthest away (about 75 job-seconds). Verdict before: "
              "not supported (2a35378); after: the reference run that follows this change.")})
+CHANGES.append(recall.SSM_GATE_CHANGE)  # the SSM whose gradient at initialisation this claim shows (not decided)
 EST_S = {"quick": 2, "full": 60}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
 TRAIN_EST_S = {"quick": 30, "full": 460}  # this claim's share of the training stage (training.py), in seconds
 MARGIN = 0.05  # recall: a fall from d = 1 to the far distances counts when larger than this

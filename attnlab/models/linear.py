@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.models.short_conv import ShortConv
-from attnlab.models.state import FixedState
+from attnlab.models.fixed_state import FixedState
 
 
 def phi(x: torch.Tensor) -> torch.Tensor:

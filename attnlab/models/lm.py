@@ -89,7 +89,8 @@ class LanguageModel(nn.Module):
                     continue  # the SSM's decay rates keep their structured init; short convolutions, Conv1d's
                 scaled = name.endswith(("attn.wo.weight", "mlp.w2.weight", "attn.out_proj.weight"))
                 nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layers) if scaled else std)
-            elif name.endswith("bias") and not name.endswith("dt_up.bias"):  # the SSM's step sizes keep theirs
+            elif name.endswith("bias") and not name.endswith(("dt_up.bias", "gate_bias")):  # the SSM's step sizes
+                # and its open output gate keep their init
                 nn.init.zeros_(p)
 
     def new_state(self, batch_size: int, max_len: int | None = None, dtype=None, device=None,

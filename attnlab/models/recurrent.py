@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from attnlab.config import ModelConfig
-from attnlab.models.state import RecurrentState
+from attnlab.models.fixed_state import RecurrentState
 from attnlab.models.lm import check_tokens, last_positions
 
 _MODULES = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}

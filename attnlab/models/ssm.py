@@ -22,7 +22,7 @@ from torch import nn
 
 from attnlab.models.short_conv import ShortConv
 from attnlab.models.ssm_loop import sequential_scan
-from attnlab.models.state import FixedState
+from attnlab.models.fixed_state import FixedState
 
 
 DT_RANGE = (1e-3, 1e-1)  # the initial step sizes Delta (Gu & Dao 2023, section 3.6 / their reference code)
@@ -101,6 +101,11 @@ class SelectiveSSM(nn.Module):
         self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1).float()).repeat(E, 1))  # S4D-real init
         self.D = nn.Parameter(torch.ones(E))
         self.out_proj = nn.Linear(E, cfg.dim, bias=False)
+        # The output gate silu(z + b) starts open (b = 2: silu(2 + z) ~ 1.76 + 1.09 z) rather than Mamba's silu(z),
+        # which is ~z / 2 at init: the block's output is then a product of two small terms and its gradient too, and on
+        # MQAR the SSM sat at guessing among the values in context (29% at 4 pairs); with the gate open it learned it
+        # (e08_remedies.py's CHANGES). The same reason as an LSTM's forget-gate bias of 1 (Jozefowicz et al. 2015).
+        self.gate_bias = None if cfg.ssm_gate_bias is None else nn.Parameter(torch.full((E,), float(cfg.ssm_gate_bias)))
 
     def forward(self, x, positions, pos_enc, state=None, force: str | None = None):
         B, T, _ = x.shape
@@ -118,6 +123,8 @@ class SelectiveSSM(nn.Module):
         y, h_last = selective_scan(u, delta, A, Bt, Ct, self.D, h0, mode)  # y (B, T, E)
         if state is not None:
             state.h[self.layer_idx].copy_(h_last)
+        if self.gate_bias is not None:
+            gate = gate + self.gate_bias
         return self.out_proj(y * F.silu(gate))
 
 

@@ -20,9 +20,10 @@ from torch import nn
 from attnlab.config import ModelConfig
 from attnlab.models.backbone import Backbone
 from attnlab.models.dropout import Dropout
+from attnlab.models.fixed_state import RecurrentState
 from attnlab.models.lm import check_tokens, last_positions
 from attnlab.models.positional import build_positional
-from attnlab.models.state import KVCache, RecurrentState
+from attnlab.models.state import KVCache
 
 MODELS = ("sasrec", "gru4rec", "markov", "pop")
 NEURAL = ("sasrec", "gru4rec")
