@@ -160,13 +160,45 @@ def native_bf16(device: str | torch.device = "cpu") -> bool:
 
 
 def bf16_trains_faster(device: str | torch.device = "cpu") -> bool:
-    """Whether training under bf16 autocast beats fp32 on ``device``: a GPU with bf16, or a CPU with AMX tiles.
-    AVX-512's bf16 dot products alone do not: oneDNN's bf16 products there run below its fp32 ones, and autocast
-    adds a cast of every weight at every step (claim 13's CHANGES has the measurement)."""
+    """Whether training under bf16 autocast beats fp32 on ``device``: a GPU with bf16, a CPU with AMX tiles, or a
+    CPU whose bf16 products measure faster (_bf16_product_faster). The flags alone do not say it on other CPUs: on
+    one AVX-512 Xeon oneDNN's bf16 products ran below its fp32 ones, on an AMD EPYC at twice their speed (claim
+    13's CHANGES has both measurements)."""
     device = torch.device(device)
     if device.type == "cuda":
         return native_bf16(device)
-    return cpu_capabilities().amx_bf16 and native_bf16(device)
+    if not native_bf16(device):
+        return False
+    return cpu_capabilities().amx_bf16 or _bf16_product_faster()
+
+
+BF16_TRAINS_FASTER_BY = 1.2  # a margin over timing noise and the casts that autocast adds outside the products
+
+
+@functools.lru_cache(maxsize=1)
+def _bf16_product_faster() -> bool:
+    """Times a training-sized product (2048 x 768 by 768 x 3072), forward and backward, in fp32 and under bf16
+    autocast (the weight's cast included), on one thread as the report's training jobs run, the two alternating;
+    True if bf16 is BF16_TRAINS_FASTER_BY faster."""
+    from attnlab.timing import time_calls  # timing imports this module
+
+    x, w = torch.randn(2048, 768), torch.randn(3072, 768, requires_grad=True)
+
+    def step(amp: bool) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            y = torch.nn.functional.linear(x, w)
+        y.float().sum().backward()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best = {False: float("inf"), True: float("inf")}
+        for _ in range(3):
+            for amp in (False, True):
+                best[amp] = min(best[amp], time_calls(lambda: step(amp), repeats=1)["min_s"])
+    finally:
+        torch.set_num_threads(threads)
+    return best[False] >= BF16_TRAINS_FASTER_BY * best[True]
 
 
 def fast_dtypes(device: str | torch.device = "cpu") -> tuple[str, ...]:

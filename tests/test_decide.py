@@ -44,6 +44,13 @@ def test_over_repeats_needs_agreement():
         over_repeats([])
 
 
+def test_a_repetitions_line_quotes_what_decided_it_not_what_is_only_shown():
+    d = Decision(NOT_SUPPORTED, "f", ["gap (a): 1 point", "gap (b): -3 points", "shown, not decided: depth mattered"])
+    assert over_repeats([d]).reasons == ["repetition 1 of 1: not supported (gap (b): -3 points)"]
+    only = Decision(SUPPORTED, "f", ["shown, not decided: x"])
+    assert over_repeats([only]).reasons == ["repetition 1 of 1: supported (shown, not decided: x)"]
+
+
 def test_every_experiment_is_covered():
     """A new claim file needs its own test in one of the test_decide files."""
     from attnlab.experiments import registry

@@ -229,3 +229,28 @@ def test_prefill_attention_stays_out_where_it_does_not_apply():
     with torch.no_grad():  # non-causal models keep torch's kernel (the compiled one is causal only)
         want = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.125)
         assert torch.equal(sdpa_attention(q, k, v, causal=False, alibi_slopes=None, scale=0.125), want)
+
+
+@needs_kernel
+def test_a_rope_models_prefill_runs_the_compiled_attention_with_torchs_result():
+    """RoPE's rotated keys are fresh memory while the values are a view of the fused projection (rows apart by
+    different strides); the values are copied into the keys' layout so the compiled kernel still runs, and the
+    forward equals torch's kernel's."""
+    from attnlab.config import ModelConfig
+    from attnlab.kernels import paths
+    from attnlab.models import build_model
+    from attnlab.models.attention import KERNELS
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=64, dim=64, n_layers=2, n_heads=4, max_seq_len=64, pos="rope"), "cpu")
+    model.eval()
+    x = torch.randint(0, 64, (2, 40))
+    with torch.no_grad():
+        before = paths.snapshot()
+        got = model(x)[0]
+        counts = paths.since(before)
+        assert counts.get("prefill_attention") == 2 and "prefill_attention fallback" not in str(counts)
+        for block in model.backbone.blocks:
+            block.attn.kernel = KERNELS["naive"]
+        want = model(x)[0]
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)

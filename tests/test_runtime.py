@@ -86,6 +86,20 @@ def test_cpuinfo_flags_decide_native_bf16():
     assert not held.native_bf16  # AMX in the flags, but oneDNN held below it (ONEDNN_MAX_CPU_ISA) will not use it
 
 
+def test_bf16_training_where_it_is_native_and_measured_faster(monkeypatch):
+    """No native bf16: never (emulated bf16 runs ~100x slower), and nothing is timed. Native without AMX: the
+    products are timed on one thread, and the caller's thread count is restored."""
+    def not_timed():
+        raise AssertionError("timed where the flags decide")
+    monkeypatch.setattr(runtime, "_bf16_product_faster", not_timed)
+    monkeypatch.setattr(runtime, "native_bf16", lambda device="cpu": False)
+    assert runtime.bf16_trains_faster("cpu") is False
+    monkeypatch.undo()
+    threads = torch.get_num_threads()
+    runtime._bf16_product_faster.cache_clear()
+    assert isinstance(runtime._bf16_product_faster(), bool) and torch.get_num_threads() == threads
+
+
 def test_cpu_capabilities_of_this_machine():
     caps = runtime.cpu_capabilities()
     assert caps.capability == torch.backends.cpu.get_cpu_capability()

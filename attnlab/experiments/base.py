@@ -29,6 +29,7 @@ from attnlab.timing import middle_half
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
 REGIME_NOT_REACHED, UNSTABLE = "regime not reached", "unstable"  # why a verdict is inconclusive, when not the data
+SHOWN = "shown, not decided"  # opens a reason that is measured and displayed but takes no part in the verdict
 SCALES = ("quick", "full")
 FULL_REPEATS = 3  # independent repetitions (seeds or rounds) behind every verdict at full scale
 
@@ -133,13 +134,19 @@ def in_regime(conditions: list[dict], decision: Decision) -> Decision:
         f"{decision.label!r}"], REGIME_NOT_REACHED, list(conditions), list(decision.repeats))
 
 
+def _deciding(reasons: list[str]) -> str:
+    """The reason a repetition's line quotes: its last one that decides (a "shown, not decided" figure, however late
+    in the list, is not why the repetition reads as it does)."""
+    return next((r for r in reversed(reasons) if not r.startswith(SHOWN)), reasons[-1])
+
+
 def over_repeats(decisions: list[Decision], figure: str | None = None) -> Decision:
     """One verdict from independent repetitions, each decided alone: all agree -> that verdict; any outside its
     regime -> "inconclusive (regime not reached)"; otherwise any disagreement -> "inconclusive (unstable)"."""
     if not decisions:
         raise ValueError("over_repeats needs at least one decided repetition")
     labels = [d.label for d in decisions]
-    reasons = [f"repetition {i + 1} of {len(decisions)}: {lab}" + (f" ({d.reasons[-1]})" if d.reasons else "")
+    reasons = [f"repetition {i + 1} of {len(decisions)}: {lab}" + (f" ({_deciding(d.reasons)})" if d.reasons else "")
                for i, (d, lab) in enumerate(zip(decisions, labels))]
     many = len(decisions) > 1
     regime = [{**c, "name": f"{c['name']} (repetition {i + 1})" if many else c["name"]}

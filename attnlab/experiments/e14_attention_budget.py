@@ -130,7 +130,8 @@ def decide_one(rep: dict, train_len: int) -> Decision:
         ok = False
     elif w is None or a is None:
         ok = None
-        reasons.append("a fall is within 2 standard errors of its margin: inconclusive")
+        within = " and ".join(n for n, x in (("the weight's", w), ("the accuracy's", a)) if x is None)
+        reasons.append(f"{within} fall within 2 standard errors of its margin: inconclusive")
     else:
         ok = True
     longest = max(rep["probes"], key=lambda p: p["tokens"])

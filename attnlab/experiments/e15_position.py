@@ -104,7 +104,8 @@ def decide_one(rep: dict) -> Decision:
         ok = False
     elif a is None or b is None:
         ok = None
-        reasons.append("a gap is within 2 standard errors of 5 points: inconclusive")
+        within = " and ".join(n for n, x in (("(a)", a), ("(b)", b)) if x is None)
+        reasons.append(f"gap {within} within 2 standard errors of 5 points: inconclusive")
     else:
         ok = True
     figure = ("accuracy by depth of the fact (0 = start, 1 = next to the question): "

@@ -105,6 +105,10 @@ def compiled_prefill(q, k, v, scale: float):
     if q.shape[-1] % mod.lanes() or q.shape[-1] // mod.lanes() > 8:
         paths.fell_back("prefill_attention", f"head_dim {q.shape[-1]} is not 1 to 8 vectors of {mod.lanes()}")
         return None
+    if k.stride(-2) != v.stride(-2):
+        # RoPE writes the rotated keys to fresh (B, T, H, D) memory while v is still a view of the fused projection;
+        # one copy of v into that layout costs less than torch's kernel saves (docs/engine.md).
+        k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))  # (B, H, S, D), rows H*D apart
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride(-2) != v.stride(-2):
         paths.fell_back("prefill_attention", "q, k, v in a layout it does not read")
         return None
