@@ -159,43 +159,39 @@ def native_bf16(device: str | torch.device = "cpu") -> bool:
     return cpu_capabilities().native_bf16
 
 
-def bf16_trains_faster(device: str | torch.device = "cpu") -> bool:
+def bf16_trains_faster(device: str | torch.device = "cpu", step=None) -> bool:
     """Whether training under bf16 autocast beats fp32 on ``device``: a GPU with bf16, a CPU with AMX tiles, or a
-    CPU whose bf16 products measure faster (_bf16_product_faster). The flags alone do not say it on other CPUs: on
-    one AVX-512 Xeon oneDNN's bf16 products ran below its fp32 ones, on an AMD EPYC at twice their speed (claim
-    13's CHANGES has both measurements)."""
+    CPU with native bf16 where ``step(amp)`` (one forward and backward of the model to be trained) measures faster
+    under autocast (faster_under_autocast); without a step to time, fp32. The flags alone do not say it: on one
+    AVX-512 Xeon oneDNN's bf16 products ran below its fp32 ones, on an AMD EPYC at twice their speed, and a
+    small model's step can be slower under autocast even where its products are faster (the casts and the
+    attention outside them; claim 13's CHANGES has the measurements)."""
     device = torch.device(device)
     if device.type == "cuda":
         return native_bf16(device)
     if not native_bf16(device):
         return False
-    return cpu_capabilities().amx_bf16 or _bf16_product_faster()
+    return cpu_capabilities().amx_bf16 or (step is not None and faster_under_autocast(step))
 
 
-BF16_TRAINS_FASTER_BY = 1.2  # a margin over timing noise and the casts that autocast adds outside the products
+BF16_TRAINS_FASTER_BY = 1.2  # a margin over timing noise
 
 
-@functools.lru_cache(maxsize=1)
-def _bf16_product_faster() -> bool:
-    """Times a training-sized product (2048 x 768 by 768 x 3072), forward and backward, in fp32 and under bf16
-    autocast (the weight's cast included), on one thread as the report's training jobs run, the two alternating;
-    True if bf16 is BF16_TRAINS_FASTER_BY faster."""
+def faster_under_autocast(step, rounds: int = 2) -> bool:
+    """Times ``step(amp)`` in fp32 and under bf16 autocast, alternating, each warmed once, on one thread as the
+    report's training jobs run (the caller's thread count restored); True if the autocast step's best is
+    BF16_TRAINS_FASTER_BY faster than fp32's."""
     from attnlab.timing import time_calls  # timing imports this module
-
-    x, w = torch.randn(2048, 768), torch.randn(3072, 768, requires_grad=True)
-
-    def step(amp: bool) -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            y = torch.nn.functional.linear(x, w)
-        y.float().sum().backward()
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        step(False)
+        step(True)
         best = {False: float("inf"), True: float("inf")}
-        for _ in range(3):
+        for _ in range(rounds):
             for amp in (False, True):
-                best[amp] = min(best[amp], time_calls(lambda: step(amp), repeats=1)["min_s"])
+                best[amp] = min(best[amp], time_calls(lambda: step(amp), repeats=1, warmup=0)["min_s"])
     finally:
         torch.set_num_threads(threads)
     return best[False] >= BF16_TRAINS_FASTER_BY * best[True]

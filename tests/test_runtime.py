@@ -5,6 +5,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 import warnings
 
 import pytest
@@ -86,18 +87,26 @@ def test_cpuinfo_flags_decide_native_bf16():
     assert not held.native_bf16  # AMX in the flags, but oneDNN held below it (ONEDNN_MAX_CPU_ISA) will not use it
 
 
-def test_bf16_training_where_it_is_native_and_measured_faster(monkeypatch):
+def test_bf16_training_where_it_is_native_and_a_step_measures_faster(monkeypatch):
     """No native bf16: never (emulated bf16 runs ~100x slower), and nothing is timed. Native without AMX: the
-    products are timed on one thread, and the caller's thread count is restored."""
-    def not_timed():
-        raise AssertionError("timed where the flags decide")
-    monkeypatch.setattr(runtime, "_bf16_product_faster", not_timed)
+    step is timed both ways on one thread (the caller's thread count restored), and no step to time means fp32."""
+    timed = []
     monkeypatch.setattr(runtime, "native_bf16", lambda device="cpu": False)
-    assert runtime.bf16_trains_faster("cpu") is False
+    assert runtime.bf16_trains_faster("cpu", step=timed.append) is False and not timed
     monkeypatch.undo()
+    monkeypatch.setattr(runtime, "native_bf16", lambda device="cpu": True)
+    monkeypatch.setattr(runtime, "cpu_capabilities", lambda: CpuCapabilities("?", "AVX512", True, True, True, True,
+                                                                              False, flags_known=True))  # no AMX
+    assert runtime.bf16_trains_faster("cpu") is False
+
+    def slow_under_autocast(amp: bool) -> None:  # a step whose bf16 side is clearly dearer
+        timed.append((amp, torch.get_num_threads()))
+        time.sleep(0.02 if amp else 0.002)
     threads = torch.get_num_threads()
-    runtime._bf16_product_faster.cache_clear()
-    assert isinstance(runtime._bf16_product_faster(), bool) and torch.get_num_threads() == threads
+    assert runtime.bf16_trains_faster("cpu", step=slow_under_autocast) is False
+    assert {a for a, _ in timed} == {False, True} and {t for _, t in timed} == {1}
+    assert torch.get_num_threads() == threads
+    assert runtime.faster_under_autocast(lambda amp: time.sleep(0.002 if amp else 0.02)) is True
 
 
 def test_cpu_capabilities_of_this_machine():

@@ -155,12 +155,16 @@ def changes(threshold: str, regime: str) -> list[dict]:
                  "(19e67a4 at 2fc33df, 3 of 3 rounds); after: the next reference run.")},
         {"date": "2026-12-06", "what": "method: the target trained under bf16 autocast wherever its products measure faster",
          "old": "bf16 autocast on a GPU or a CPU with AMX only (runtime.bf16_trains_faster), fp32 elsewhere",
-         "new": ("also on a CPU with native bf16 whose bf16 product (2048 x 768 by 768 x 3072, forward and backward, one "
-                 "thread) measures >= 1.2x faster than fp32 at the start of the run"),
+         "new": ("also on a CPU with native bf16 where a training step of the narrow model (forward and backward on "
+                 "one batch, one thread, alternating with fp32) measures >= 1.2x faster under autocast at the start "
+                 "of the run (at quick scale, whose narrow model is 64 wide, it does not on the AMD EPYC: fp32)"),
          "why": ("The report must fit in an hour on 2 cores (71 min on a 2-core AMD EPYC at 3c4b14b, the target's "
                  "training 773 s of it). On that CPU (AVX-512 with avx512_bf16, no AMX) the product took 101-104 ms "
                  "under autocast against 211-219 in fp32, a step of the narrow model 0.78-0.82 s against 1.17-1.44 and "
                  "of the 57M target 4.7-4.8 s against 8.2-9.3, one thread each: the reverse of the AVX-512 Xeon of the "
-                 "2026-12-03 entry, so the flags cannot say it and the product is measured. Prediction, threshold and "
+                 "2026-12-03 entry, so the flags cannot say it. A product alone cannot either: at 2048 x 128 by 128 x "
+                 "512 it ran 1.85x faster under autocast, yet a step of claims 14-16's 128-wide model ran 0.20-0.22 s "
+                 "in fp32 against 0.26-0.42 under autocast (the casts, and the attention outside the products); so "
+                 "the model's own step is timed. Prediction, threshold and "
                  "regime unchanged. Verdict before: inconclusive (regime not reached: the decode step 1.59-2.44x the "
                  "weights over bandwidth; 3c4b14b); after: the reference run that follows this change.")}]
