@@ -159,27 +159,27 @@ def native_bf16(device: str | torch.device = "cpu") -> bool:
     return cpu_capabilities().native_bf16
 
 
-def bf16_trains_faster(device: str | torch.device = "cpu", step=None) -> bool:
+def bf16_trains_faster(device: str | torch.device = "cpu", make_step=None) -> bool:
     """Whether training under bf16 autocast beats fp32 on ``device``: a GPU with bf16, a CPU with AMX tiles, or a
-    CPU with native bf16 where ``step(amp)`` (one forward and backward of the model to be trained) measures faster
-    under autocast (faster_under_autocast); without a step to time, fp32. The flags alone do not say it: on one
-    AVX-512 Xeon oneDNN's bf16 products ran below its fp32 ones, on an AMD EPYC at twice their speed, and a
-    small model's step can be slower under autocast even where its products are faster (the casts and the
-    attention outside them; claim 13's CHANGES has the measurements)."""
+    CPU with native bf16 where the model's own step measures faster under autocast (``make_step()`` -> step(amp),
+    one forward and backward: faster_under_autocast); without a step to time, fp32. The CPU's flags alone do not
+    say it (oneDNN's bf16 products have run below its fp32 ones on one AVX-512 CPU and at twice their speed on
+    another), nor does a product alone (a small model's step can be slower under autocast where its products are
+    faster: the casts, and the attention outside them); claim 13's CHANGES has the measurements."""
     device = torch.device(device)
     if device.type == "cuda":
         return native_bf16(device)
     if not native_bf16(device):
         return False
-    return cpu_capabilities().amx_bf16 or (step is not None and faster_under_autocast(step))
+    return cpu_capabilities().amx_bf16 or (make_step is not None and faster_under_autocast(make_step()))
 
 
-BF16_TRAINS_FASTER_BY = 1.2  # a margin over timing noise
+BF16_TRAINS_FASTER_BY = 1.2  # a margin over timing noise, and over the optimizer step the timed step leaves out
 
 
 def faster_under_autocast(step, rounds: int = 2) -> bool:
-    """Times ``step(amp)`` in fp32 and under bf16 autocast, alternating, each warmed once, on one thread as the
-    report's training jobs run (the caller's thread count restored); True if the autocast step's best is
+    """Times ``step(amp)`` in fp32 and under bf16 autocast, each warmed once, in alternating order, on one thread
+    as the report's training jobs run (the caller's thread count restored); True if the autocast step's best is
     BF16_TRAINS_FASTER_BY faster than fp32's."""
     from attnlab.timing import time_calls  # timing imports this module
 
@@ -189,8 +189,8 @@ def faster_under_autocast(step, rounds: int = 2) -> bool:
         step(False)
         step(True)
         best = {False: float("inf"), True: float("inf")}
-        for _ in range(rounds):
-            for amp in (False, True):
+        for r in range(rounds):
+            for amp in ((False, True) if r % 2 == 0 else (True, False)):
                 best[amp] = min(best[amp], time_calls(lambda: step(amp), repeats=1, warmup=0)["min_s"])
     finally:
         torch.set_num_threads(threads)

@@ -232,17 +232,19 @@ def test_prefill_attention_stays_out_where_it_does_not_apply():
 
 
 @needs_kernel
-def test_a_rope_models_prefill_runs_the_compiled_attention_with_torchs_result():
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_a_rope_models_prefill_runs_the_compiled_attention_with_torchs_result(n_kv_heads):
     """RoPE's rotated keys are fresh memory while the values are a view of the fused projection (rows apart by
     different strides); the values are copied into the keys' layout so the compiled kernel still runs, and the
-    forward equals torch's kernel's."""
+    forward equals torch's kernel's, with grouped-query heads too."""
     from attnlab.config import ModelConfig
     from attnlab.kernels import paths
     from attnlab.models import build_model
     from attnlab.models.attention import KERNELS
 
     torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=64, dim=64, n_layers=2, n_heads=4, max_seq_len=64, pos="rope"), "cpu")
+    model = build_model(ModelConfig(vocab_size=64, dim=64, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
+                                    max_seq_len=64, pos="rope"), "cpu")
     model.eval()
     x = torch.randint(0, 64, (2, 40))
     with torch.no_grad():

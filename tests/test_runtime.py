@@ -92,7 +92,7 @@ def test_bf16_training_where_it_is_native_and_a_step_measures_faster(monkeypatch
     step is timed both ways on one thread (the caller's thread count restored), and no step to time means fp32."""
     timed = []
     monkeypatch.setattr(runtime, "native_bf16", lambda device="cpu": False)
-    assert runtime.bf16_trains_faster("cpu", step=timed.append) is False and not timed
+    assert runtime.bf16_trains_faster("cpu", make_step=lambda: timed.append) is False and not timed
     monkeypatch.undo()
     monkeypatch.setattr(runtime, "native_bf16", lambda device="cpu": True)
     monkeypatch.setattr(runtime, "cpu_capabilities", lambda: CpuCapabilities("?", "AVX512", True, True, True, True,
@@ -103,7 +103,7 @@ def test_bf16_training_where_it_is_native_and_a_step_measures_faster(monkeypatch
         timed.append((amp, torch.get_num_threads()))
         time.sleep(0.02 if amp else 0.002)
     threads = torch.get_num_threads()
-    assert runtime.bf16_trains_faster("cpu", step=slow_under_autocast) is False
+    assert runtime.bf16_trains_faster("cpu", make_step=lambda: slow_under_autocast) is False
     assert {a for a, _ in timed} == {False, True} and {t for _, t in timed} == {1}
     assert torch.get_num_threads() == threads
     assert runtime.faster_under_autocast(lambda amp: time.sleep(0.002 if amp else 0.02)) is True

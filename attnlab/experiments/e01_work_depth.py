@@ -169,7 +169,7 @@ def decide_one(rnd: dict) -> Decision:
                    f"{RECURRENT_MIN}?), parallel {par_inc} (exponent {fmt(par)}, <= {LOG_MAX}?)")
     ssm_ok = seq is not None and seq >= RECURRENT_MIN and par is not None and par <= LOG_MAX
     ok = flat and all(depth[n] >= RECURRENT_MIN for n in RECURRENT) and ssm_ok
-    # last: the whole check in one line (over_repeats shows each repetition's last reason)
+    # last: the whole check in one line (over_repeats quotes each repetition's last deciding reason)
     reasons.append(f"{tag}depth exponents " + ", ".join(f"{n} {depth[n]:.2f}" for n in RECURRENT)
                    + f" (each >= {RECURRENT_MIN}?), transformer {depth['transformer']:.2f} (|.| <= {TRANSFORMER_MAX}?), "
                    + f"SSM depth per doubling: sequential exponent {fmt(seq)} (>= {RECURRENT_MIN}?), parallel "

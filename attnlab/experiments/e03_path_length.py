@@ -234,7 +234,7 @@ def decide_one(m: dict, i: int) -> Decision:
     reasons.append(f"transformer at d = 1 / far: {near:.0%} / {far:.0%} (within {MARGIN:.0%}?): "
                    + ("yes" if flat else "no"))
     ok = grad_ok and flat and all(falls.values())
-    # last: the recall comparison in one line (over_repeats shows each repetition's last reason)
+    # last: the recall comparison in one line (over_repeats quotes each repetition's last deciding reason)
     shown = ", ".join(f"{f} {a[0]:.0%} / {a[1]:.0%}" for f, a in acc.items())
     steady = [f for f, x in falls.items() if not x]
     reasons.append(f"seed {i}, accuracy at d = 1 / far: {shown}; recurrences whose recall falls by > 5 points: "

@@ -78,7 +78,7 @@ def decide_one(rnd: dict) -> Decision:
     reasons += [f"{p}: {dev[p]:.1e} > {APART}x none ({APART * floor:.1e}): {'yes' if dev[p] > APART * floor else 'no'}"
                 for p in dev if p != "none"]
     ok = dev["none"] < EQUAL and all(dev[p] > APART * floor for p in dev if p != "none")
-    # last: the whole check in one line (over_repeats shows each repetition's last reason)
+    # last: the whole check in one line (over_repeats quotes each repetition's last deciding reason)
     reasons.append(f"none {dev['none']:.1e} (< {EQUAL:.0e}?), smallest with an encoding "
                    f"{min(v for p, v in dev.items() if p != 'none'):.1e} (> {APART}x none?): {'yes' if ok else 'no'}")
     figure = "max deviation: " + ", ".join(f"{p} {dev[p]:.1e}" for p in ("none", "rope", "sinusoidal") if p in dev)

@@ -152,7 +152,7 @@ def decide_one(rnd: dict) -> Decision:
     # below CROSS_MIN the spread decides; the crossover (on medians) decides only once the MLP is slower beyond it
     # there, i.e. where the core catches up between the last length below CROSS_MIN and the next
     ok = late if below is True else below
-    # last: the whole check in one line (over_repeats shows each repetition's last reason)
+    # last: the whole check in one line (over_repeats quotes each repetition's last deciding reason)
     reasons.append(f"{tag}MLP slower below n={CROSS_MIN}: {({True: 'yes', False: 'no', None: 'middle halves overlap'})[below]}; "
                    f"measured crossover {'%.0f' % cross if cross else 'beyond ' + str(longest)} (>= {CROSS_MIN}?): "
                    f"{'yes' if late else 'no'}")

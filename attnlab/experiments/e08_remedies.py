@@ -8,7 +8,7 @@ import torch
 
 from attnlab.experiments import recall
 from attnlab.experiments.base import (Decision, Outcome, Plot, Series, condition, fit_exponent, in_regime, mean,
-                                      over_repeats, plausible_exponent, verdict)
+                                      over_repeats, plausible_exponent, SHOWN, verdict)
 from attnlab.timing import time_calls
 from attnlab.models.attention import KERNELS
 from attnlab.models.linear import linear_parallel, phi
@@ -261,10 +261,10 @@ def _one(lens, times: dict, acc: dict) -> Decision:
         reasons.append("physically implausible fits (a measuring fault): " + ", ".join(implausible))
     diff = {f: acc["transformer"] - acc[f] for f in RECALL_DECIDED if f in acc}
     if "sliding" in acc:
-        reasons.append(f"shown, not decided: the sliding window's MQAR {acc['sliding']:.0%} (seed 0; its reach, "
+        reasons.append(f"{SHOWN}: the sliding window's MQAR {acc['sliding']:.0%} (seed 0; its reach, "
                        "layers x window, holds few of the keys)")
     if "block_sparse" in acc:
-        reasons.append(f"shown, not decided: block_sparse's MQAR {acc['block_sparse']:.0%} (seed 0; an earlier "
+        reasons.append(f"{SHOWN}: block_sparse's MQAR {acc['block_sparse']:.0%} (seed 0; an earlier "
                        "block reaches a query only through its one summary token)")
     wins = {f: True if d > RECALL_MARGIN else (False if d <= 0 else None) for f, d in diff.items()}
     if implausible:

@@ -1,8 +1,8 @@
 """Claim 15: where the relevant fact sits in a long context changes whether it is found (probed with facts planted in
 real text: needle.py)."""
 from attnlab.experiments import needle, needle_changes
-from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, in_regime, mean,
-                                      verdict)
+from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, SHOWN, Series, condition, in_regime,
+                                      mean, verdict)
 
 TITLE = "Put the instruction where it can win"
 CLAIM = ("Models find what they need best at the start or the end of a long context and worst in the middle "
@@ -88,7 +88,7 @@ def _spread(rep: dict) -> str:
     p = rep["by_depth"]
     hi, lo = max(p, key=lambda q: q["acc"]), min(p, key=lambda q: q["acc"])
     se = (needle.acc_se(hi) ** 2 + needle.acc_se(lo) ** 2) ** 0.5
-    return (f"shown, not decided: depth mattered by {(hi['acc'] - lo['acc']) * 100:.1f} points (best at depth "
+    return (f"{SHOWN}: depth mattered by {(hi['acc'] - lo['acc']) * 100:.1f} points (best at depth "
             f"{hi['depth']:.2f}, worst at {lo['depth']:.2f}; 2 s.e. {2 * se * 100:.1f})")
 
 
@@ -100,14 +100,10 @@ def decide_one(rep: dict) -> Decision:
                f"(b) next to the question - far from it: {near * 100:.1f} points (2 s.e. {2 * se_near * 100:.1f}; >= 5?)",
                _spread(rep)]
     a, b = needle.beyond(u, 0.05, se_u), needle.beyond(near, 0.05, se_near)
-    if a is False or b is False:
-        ok = False
-    elif a is None or b is None:
-        ok = None
-        within = " and ".join(n for n, x in (("(a)", a), ("(b)", b)) if x is None)
-        reasons.append(f"gap {within} within 2 standard errors of 5 points: inconclusive")
-    else:
-        ok = True
+    ok = False if a is False or b is False else None if a is None or b is None else True
+    # last: both checks in one line, the one a repetition's summary quotes (over_repeats)
+    reasons.append(f"gap (a) ({u * 100:.1f} points) {needle.cleared(a)} of 5, gap (b) ({near * 100:.1f} points) "
+                   f"{needle.cleared(b)} of 5 (2 standard errors)")
     figure = ("accuracy by depth of the fact (0 = start, 1 = next to the question): "
               + ", ".join(f"{d:g} {x:.0%}" for d, x in zip(DEPTHS, acc)))
     return Decision(verdict(ok), figure, reasons)

@@ -12,7 +12,7 @@ import torch
 
 from attnlab.experiments import split_probe
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, condition, in_regime, mean,
-                                      over_repeats, verdict)
+                                      over_repeats, SHOWN, verdict)
 
 TITLE = "Attention splits across devices, a nonlinear recurrence does not"
 CLAIM = ("Attention's work over a sequence can be spread across processes (each keeps its queries and sees the "
@@ -223,7 +223,7 @@ def decide_round(m: dict, rnd: dict) -> Decision:
     peaks = one["attn_peak_bytes"] + two["attn_peak_bytes"]
     mem = _range(one["attn_peak_bytes"], two["attn_peak_bytes"]) if min(peaks) > 0 else None
     show = lambda r: f"{r[1]:.2f} (range {r[0]:.2f}-{r[2]:.2f})"  # noqa: E731
-    reasons = [f"shown, not decided (a relay cannot split by construction): LSTM split in time / the whole sequence "
+    reasons = [f"{SHOWN} (a relay cannot split by construction): LSTM split in time / the whole sequence "
                f"in the same launch, 2 processes: {show(lstm2)}, 4: {show(lstm4)}",
                f"attention fwd+bwd critical path, 2 processes / 1: {show(attn)} (<= {ATTN_TIME}?)",
                "attention peak memory per process, 2 / 1: " + (f"{show(mem)} (<= {ATTN_MEM}?)" if mem else

@@ -362,13 +362,18 @@ def acc_se(p: dict) -> float:
 
 
 def over_repetitions(decisions: list[Decision]) -> Decision:
-    """base.over_repeats, with every repetition's own checks kept in the reasons (over_repeats keeps the last)."""
+    """base.over_repeats, with every repetition's own checks kept in the reasons (over_repeats quotes only the last deciding one)."""
     out = over_repeats(decisions)
     if len(decisions) > 1:
         out.reasons += [f"repetition {i + 1}: {r}" for i, d in enumerate(decisions) for r in d.reasons]
     else:
         out.reasons = list(decisions[0].reasons) + out.reasons
     return out
+
+
+def cleared(result: bool | None) -> str:
+    """beyond()'s answer in words, for a repetition's deciding line."""
+    return {True: "clears its margin", False: "falls short of its margin"}.get(result, "is within noise of its margin")
 
 
 def beyond(value: float, margin: float, se: float) -> bool | None:

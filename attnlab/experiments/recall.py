@@ -106,8 +106,8 @@ SETUPS = {
                   seed_gates=(("transformer", LEARNED), ("linear", REMEDY_LEARNED), ("ssm", REMEDY_LEARNED))),
 }
 # Linear attention's sweep starts where the shared one, extended twice past its top, found its best (9e-3, claim 8's
-# CHANGES): the same rates, two fewer runs. The SSM's starts around its best in a reference run (1e-3 0.19, 3e-3
-# 0.90, 9e-3 0.94, 2.7e-2 0.03 validation accuracy); the extension rule still reaches below 3e-3 if that were best.
+# CHANGES): the same rates, two fewer runs. The SSM's starts around the best that its sweep, extended past its top,
+# found in a reference run (claim 8's CHANGES); the extension rule still reaches below 3e-3 if that were best.
 # The sliding window's and block_sparse's recall is shown, not decided (claim 8's THRESHOLD says why): one seed at
 # one rate shows each. A
 # decided family whose seed 0 misses claim 8's regime at the smallest pair count trains no other seed: that repetition

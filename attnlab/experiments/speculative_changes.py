@@ -153,7 +153,7 @@ def changes(threshold: str, regime: str) -> list[dict]:
                  "correct sample of the target, but the rows not independent, so the draft learned from less varied "
                  "text than the count of samples says. Threshold and regime unchanged. Verdict before: supported "
                  "(19e67a4 at 2fc33df, 3 of 3 rounds); after: the next reference run.")},
-        {"date": "2026-12-06", "what": "method: the target trained under bf16 autocast wherever its products measure faster",
+        {"date": "2026-12-06", "what": "method: the target trained under bf16 autocast wherever a step of its narrow model measures faster",
          "old": "bf16 autocast on a GPU or a CPU with AMX only (runtime.bf16_trains_faster), fp32 elsewhere",
          "new": ("also on a CPU with native bf16 where a training step of the narrow model (forward and backward on "
                  "one batch, one thread, alternating with fp32) measures >= 1.2x faster under autocast at the start "

@@ -65,8 +65,10 @@ def _target_job(s: dict, device: str, amp: bool) -> dict:
 
 def _narrow_step(s: dict, device: str):
     """step(amp): one forward and backward of a fresh narrow model on a training batch, what most of the target's
-    training time goes to (runtime.bf16_trains_faster times it both ways)."""
-    model = build_model(narrow_config(s), device)
+    training time goes to (runtime.bf16_trains_faster times it both ways). Built under its own random state, so
+    the caller's draws do not depend on whether this ran."""
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(narrow_config(s), device)
     x, y = (t.to(device) for t in make_task(train_config(s)).batch(0))
 
     def step(amp: bool) -> None:
@@ -81,7 +83,7 @@ _CACHE: dict = {}  # (scale, device) -> what target() returns
 
 
 def _target_task(s: dict, key: tuple, device: str):
-    amp = bf16_trains_faster(device, step=_narrow_step(s, device))
+    amp = bf16_trains_faster(device, make_step=lambda: _narrow_step(s, device))
     out, = yield [Job(_target_job, (s, str(device), amp), LONG)]
     model = build_model(s["target"], device)
     model.load_state_dict(out["weights"])

@@ -106,9 +106,10 @@ def compiled_prefill(q, k, v, scale: float):
         paths.fell_back("prefill_attention", f"head_dim {q.shape[-1]} is not 1 to 8 vectors of {mod.lanes()}")
         return None
     if k.stride(-2) != v.stride(-2):
-        # RoPE writes the rotated keys to fresh (B, T, H, D) memory while v is still a view of the fused projection;
-        # one copy of v into that layout costs less than torch's kernel saves (docs/engine.md).
-        k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))  # (B, H, S, D), rows H*D apart
+        # RoPE writes the rotated keys to fresh (B, S, Hkv, D) memory while v is still a view of the fused
+        # projection; copying v into that layout (k is in it already: no copy) costs less than torch's kernel saves
+        # (docs/engine.md).
+        k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))  # (B, Hkv, S, D), rows Hkv*D apart
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride(-2) != v.stride(-2):
         paths.fell_back("prefill_attention", "q, k, v in a layout it does not read")
         return None
