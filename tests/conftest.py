@@ -26,3 +26,23 @@ def tiny(**kw) -> ModelConfig:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def int8_many_path(monkeypatch):
+    """``int8_many_path("widen" | "w8a8")``: every Int8Linear built after it takes that many-row path (its
+    measurement skipped), so a test checks the path it names whatever this machine would have chosen."""
+    from attnlab.engine.quantize import Int8Linear
+
+    class Forced(dict):
+        def __init__(self, path):
+            super().__init__()
+            self.path = path
+
+        def __contains__(self, key):
+            return True
+
+        def __getitem__(self, key):
+            return self.path
+
+    return lambda path: monkeypatch.setattr(Int8Linear, "_many_chosen", Forced(path))

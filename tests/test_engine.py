@@ -196,12 +196,15 @@ def test_dense_and_int8_linears():
 
 
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float32])
-def test_int8_linear_many_rows_widen_the_weight_and_agree_with_int8pack(act, monkeypatch):
-    """From MANY_ROWS rows (a prefill) the int8 weight is widened and scaled for a dense GEMM: the product equals the
-    dequantized weight's to within the activations' rounding, and int8pack's (the path below MANY_ROWS) alike."""
+def test_int8_linear_many_rows_widen_the_weight_and_agree_with_int8pack(act, monkeypatch, int8_many_path):
+    """From MANY_ROWS rows (a prefill) on the ``widen`` path the int8 weight is widened and scaled for a dense GEMM:
+    the product equals the dequantized weight's to within the activations' rounding, and int8pack's (the path below
+    MANY_ROWS) alike."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(256, 384)
+    int8_many_path("widen")
     q = Int8Linear(lin, torch.bfloat16)
+    assert not hasattr(q, "weight_in_out")  # the integer path's copy is kept only where it runs
     rows = Int8Linear.MANY_ROWS
     x = torch.randn(3, rows, 256).to(act)  # (B, T, in): the forward flattens and restores the leading dims
     exact = x.float() @ q.dequantized.T + q.bias.float()
@@ -212,6 +215,31 @@ def test_int8_linear_many_rows_widen_the_weight_and_agree_with_int8pack(act, mon
     monkeypatch.setattr(Int8Linear, "MANY_ROWS", 10 ** 9)  # the same call through int8pack / the compiled kernel
     few = q(x)
     assert (many.float() - few.float()).abs().max() <= 2 * ulp * exact.abs().max()
+
+
+@pytest.mark.parametrize("act", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_linear_many_rows_as_integers_is_within_the_activations_rounding(act, bias, int8_many_path):
+    """The ``w8a8`` path quantizes each row of activations to int8 (step s_r = max|x[r]| / 127) and multiplies
+    integers: each output is within half a step times the weight row's absolute sum of the dequantized weight's
+    exact product (plus one rounding to the activations' dtype), and no element escapes that bound. Rows of zeros
+    stay zero. Larger than widen's error, so bounded apart."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(320, 192, bias=bias)
+    int8_many_path("w8a8")
+    q = Int8Linear(lin, torch.bfloat16)
+    assert q.many == {"batch": "w8a8", "prompt": "w8a8"} and q.weight_in_out.shape == (320, 192)
+    x = torch.randn(2, 40, 320).to(act) * torch.logspace(-3, 2, 40)[None, :, None].to(act)  # rows of every scale
+    x[1, 7] = 0
+    exact = x.double() @ q.dequantized.double().T + (q.bias.double() if bias else 0)  # (2, 40, 192)
+    got = q(x)
+    assert got.shape == (2, 40, 192) and got.dtype == act
+    step = x.double().abs().amax(-1, keepdim=True) / 127  # (2, 40, 1)
+    bound = step / 2 * q.dequantized.double().abs().sum(1) + torch.finfo(act).eps * exact.abs() + 1e-6
+    assert ((got.double() - exact).abs() <= bound).all()
+    assert torch.equal(got[1, 7].double(), exact[1, 7])  # a zero row is the bias alone (or zero)
+    rel = (got.double() - exact).norm() / exact.norm()
+    assert rel < 0.02  # about 1% on random rows, as the docstring says
 
 
 @pytest.mark.parametrize("path", ["matmul", "onednn", "mkl", "mv"])

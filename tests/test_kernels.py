@@ -213,12 +213,38 @@ def test_prefill_attention_equals_the_naive_kernel_causal_at_the_end(B, H, Hkv, 
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_bf16_prefill_runs_the_compiled_kernel_widened_with_one_rounding(dtype):
+    """A causal bf16 (fp16) prefill through the sdpa kernel runs the compiled fp32 kernel on widened q, k, v: the
+    output is the exact attention of the narrow inputs rounded once to their dtype, in the (B, T, H, D) memory that
+    merges the heads for free; torch's bf16 kernel rounds its intermediate products too."""
+    from attnlab.kernels import paths
+    from attnlab.models.attention import KERNELS, sdpa_attention
+
+    torch.manual_seed(0)
+    B, H, T, D = 2, 4, 70, 64
+    qkv = torch.randn(B, T, 3, H, D).to(dtype)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (B, H, T, D) views of the fused projection
+    with torch.no_grad():
+        before = paths.snapshot()
+        got = sdpa_attention(q, k, v, causal=True, alibi_slopes=None, scale=D ** -0.5)
+        assert paths.since(before).get("prefill_attention") == 1
+        exact = KERNELS["naive"](q.double(), k.double(), v.double(), causal=True, alibi_slopes=None,
+                                 scale=D ** -0.5)
+    assert got.dtype == dtype and got.shape == (B, H, T, D) and got.transpose(1, 2).is_contiguous()
+    eps = torch.finfo(dtype).eps
+    # one rounding to the dtype (half an ulp, eps relative) plus the fp32 kernel's own error
+    assert ((got.double() - exact).abs() <= eps * exact.abs() + 1e-5).all()
+
+
+@needs_kernel
 def test_prefill_attention_stays_out_where_it_does_not_apply():
     from attnlab.models.attention import compiled_prefill, sdpa_attention
 
     q, k, v = torch.randn(1, 2, 8, 64), torch.randn(1, 2, 8, 64), torch.randn(1, 2, 8, 64)
     with torch.no_grad():
-        assert compiled_prefill(q.half(), k.half(), v.half(), 0.125) is None  # fp32 only
+        assert compiled_prefill(q.half(), k.half(), v.half(), 0.125) is None  # fp32 only, unless told to widen
+        assert compiled_prefill(q.half(), k, v, 0.125, widen=True) is None  # mixed dtypes
         assert compiled_prefill(q[..., :24], k[..., :24], v[..., :24], 0.2) is None  # not whole vectors
         assert compiled_prefill(q, k[:, :, :4], v[:, :, :4], 0.125) is None  # more queries than keys
     leaf = q.clone().requires_grad_()

@@ -92,8 +92,9 @@ def test_a_dense_linear_of_any_layout_reads_the_chosen_gemm_above_its_rows(layou
     assert calls == ([] if layout == "onednn" else [many, other])  # the 17- and 200-row calls, not the few-row ones
 
 
-def test_int8_prefill_widens_through_the_chosen_gemm(monkeypatch):
+def test_int8_prefill_widens_through_the_chosen_gemm(monkeypatch, int8_many_path):
     lin = torch.nn.Linear(256, 320)
+    int8_many_path("widen")
     q = Int8Linear(lin, torch.float32)
     calls = []
     real = many_rows.linear

@@ -1,10 +1,11 @@
 """Weight precision for inference: fp32, bf16, or int8 weight-only quantization with per-channel scales.
 
 Decode reads every weight once per token, so its speed is bounded by bytes of weights / memory
-bandwidth: bf16 halves the bytes, int8 quarters them. int8 here is weight-only (as in gpt-fast):
-each output channel c of a Linear keeps w_q[c] = round(w[c] / s_c), s_c = max|w[c]| / 127, and the
-matmul runs with bf16 activations through torch's int8-weight kernel (``_weight_int8pack_mm``), so
-no fp32 copy of the weights is ever materialised.
+bandwidth: bf16 halves the bytes, int8 quarters them. int8 here is weight-only (as in gpt-fast) where
+decode meets it: each output channel c of a Linear keeps w_q[c] = round(w[c] / s_c), s_c = max|w[c]| / 127,
+and a few-row matmul runs with bf16 activations through torch's int8-weight kernel
+(``_weight_int8pack_mm``) or attnlab's, so no fp32 copy of the weights is ever materialised. A many-row call (a
+prefill) is compute-bound instead, and may quantize its activations too (Int8Linear's ``w8a8``).
 """
 from __future__ import annotations
 
@@ -219,15 +220,24 @@ class Int8Linear(nn.Module):
     compiled kernel (attnlab/kernels: int8 widened in registers, fp32 arithmetic, up to kernels.MAX_ROWS rows;
     more rows go to int8pack). Both use the same int8 weights and the same (bf16-rounded) scales.
 
-    From ``MANY_ROWS`` rows (a prefill, a long verification) the weight is widened to the activations' dtype for
-    the call and multiplied by the dense kernel (engine/many_rows' choice, oneDNN's AMX GEMM where the CPU has
-    it), the scale applied to the widened weight: such a call is compute-bound, and int8pack's kernel is a vector loop,
-    so from a few dozen rows widening wins and below that int8pack does (docs/engine.md)."""
+    From ``MANY_ROWS`` rows (a prefill, a long verification) such a call is compute-bound, and int8pack's kernel is a
+    vector loop, so from a few dozen rows one of two dense products wins, the faster kept per shape and kind of call
+    (many_rows.bucket) by measurement (docs/engine.md):
+
+    - ``widen``: the weight widened to the activations' dtype for the call, the scale applied to it, and multiplied
+      by the dense kernel (engine/many_rows' choice, oneDNN's AMX GEMM where the CPU has it);
+    - ``w8a8``: the activations quantized too, per row (s_r = max|x[r]| / 127, as CTranslate2 does), and multiplied
+      as integers (torch's ``_int_mm``, int32 sums) against an (in, out) copy of the int8 weight, then scaled by
+      s_r * s_c: an integer product does twice a bf16 one's work per instruction where the CPU has VNNI. Its error
+      is the activations' rounding, half a step of 1/127 of each row's largest entry (about 1% of a product, against
+      bf16's 0.3%: the test bounds both)."""
 
     CHUNK_ROWS = 8192
     MANY_ROWS = 32
     PROBE_CALLS = 5
+    MANY_PATHS = ("widen", "w8a8")
     _chosen: dict = {}  # (in, out, rows, bias, varying) -> path
+    _many_chosen: dict = {}  # (in, out, bias, activations' dtype, bucket) -> one of MANY_PATHS
 
     def __init__(self, linear: nn.Linear, act_dtype: torch.dtype, rows: int = 1, varying: bool = False):
         super().__init__()
@@ -248,10 +258,51 @@ class Int8Linear(nn.Module):
                 self._chosen[key] = _time_paths(self, ["int8pack", "few_rows"], xs, self.PROBE_CALLS,
                                                 cold=max(counts) <= COLD_ROWS)
             self.path = self._chosen[key]
+        self.many = dict.fromkeys(many_rows.PROBE_ROWS, "widen")  # bucket -> the many-row path
         wide = self._widen_to(act_dtype, self.weight.device)
-        if wide is not None:  # the prefill product's library, measured now rather than in the first prefill
+        if wide is not None:  # the prefill products, measured now rather than in the first prefill
             for rows in many_rows.PROBE_ROWS.values():
                 many_rows.choose(self.weight.to(wide), None, rows)
+            self._choose_many(act_dtype)
+
+    def _choose_many(self, act_dtype: torch.dtype) -> None:
+        """Time ``widen`` and ``w8a8`` at each bucket's probe rows (once per shape and process), keep the faster;
+        the (in, out) int8 copy that ``w8a8`` reads is kept only where it runs."""
+        self.weight_in_out = self.weight.t().contiguous()  # (in, out): _int_mm's layout for its second operand
+        for kind, rows in many_rows.PROBE_ROWS.items():
+            key = (self.in_features, self.out_features, self.bias is not None, act_dtype, kind)
+            if key not in self._many_chosen:
+                x = torch.randn(rows, self.in_features).to(act_dtype)
+                best, best_s = "widen", float("inf")
+                for path in self.MANY_PATHS:
+                    try:
+                        with torch.inference_mode():
+                            took = time_calls(lambda: self._many_rows(path, x), many_rows.PROBE_CALLS, 1)["min_s"]
+                    except RuntimeError:  # no integer product in this build
+                        continue
+                    if took < best_s:
+                        best, best_s = path, took
+                self._many_chosen[key] = best
+            self.many[kind] = self._many_chosen[key]
+        if "w8a8" not in self.many.values():
+            del self.weight_in_out
+
+    def _many_rows(self, path: str, x2: torch.Tensor) -> torch.Tensor:
+        """(M, in) -> (M, out) on a many-row ``path``, bias included, in x2's dtype."""
+        if path == "w8a8":
+            xf = x2.float()
+            s = xf.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127.0)  # (M, 1): each row's step
+            xq = torch.div(xf, s).round_().to(torch.int8)
+            y = torch._int_mm(xq, self.weight_in_out).to(torch.float32).mul_(s).mul_(self._scale32)  # (M, out)
+            if self.bias is not None:
+                y.add_(self._bias32)
+            return y.to(x2.dtype)
+        wide = self._widen_to(x2.dtype, x2.device)
+        # the weight dequantized in the product's dtype: a pass over the (out, in) weight instead of an fp32 pass over
+        # the (rows, out) product, which cost as much as the GEMM (docs/engine.md)
+        w = self.weight.to(wide).mul_(self._scale32.to(wide)[:, None])
+        y = many_rows.linear(many_rows.choose(w, None, x2.shape[0]), x2.to(wide), w, None).to(x2.dtype)
+        return y if self.bias is None else y + self.bias
 
     def step_operands(self) -> tuple | None:
         """(int8 weight (out, in), fp32 scale, fp32 bias or empty) for the compiled decode step, or None where this
@@ -264,13 +315,10 @@ class Int8Linear(nn.Module):
         if self.path == "few_rows" and x2.shape[0] <= kernels.MAX_ROWS:
             y = kernels.native().linear(x2, self.weight, self._scale32, self._bias32)
             return y.reshape(*shape[:-1], self.out_features)
-        wide = self._widen_to(x2.dtype, x2.device) if x2.shape[0] >= self.MANY_ROWS else None
+        if x2.shape[0] >= self.MANY_ROWS and self._widen_to(x2.dtype, x2.device) is not None:
+            return self._many_rows(self.many[many_rows.bucket(x2.shape[0])], x2).reshape(*shape[:-1], self.out_features)
         try:
-            if wide is not None:  # the weight dequantized in the product's dtype: a pass over the (out, in) weight
-                # instead of an fp32 pass over the (rows, out) product, which cost as much as the GEMM (docs/engine.md)
-                w = self.weight.to(wide).mul_(self._scale32.to(wide)[:, None])
-                y = many_rows.linear(many_rows.choose(w, None, x2.shape[0]), x2.to(wide), w, None).to(x2.dtype)
-            elif self.out_features > self.CHUNK_ROWS:  # a wide matrix (the LM head) in row chunks: torch's kernel
+            if self.out_features > self.CHUNK_ROWS:  # a wide matrix (the LM head) in row chunks: torch's kernel
                 # streams a chunk faster than the whole (docs/engine.md)
                 y = torch.cat([torch._weight_int8pack_mm(x2, w, s)
                                for w, s in zip(self.weight.split(self.CHUNK_ROWS), self.scale.split(self.CHUNK_ROWS))],

@@ -86,14 +86,17 @@ def naive_attention(q, k, v, *, causal: bool, alibi_slopes, scale: float, q_pos=
     return probs @ v  # (B, H, T, D)
 
 
-def compiled_prefill(q, k, v, scale: float):
+def compiled_prefill(q, k, v, scale: float, widen: bool = False):
     """Causal attention of the last T of S keys' queries (T > 1: a prefill, a chunk of one, a verification) on
     attnlab's compiled kernel (kernels/prefill_attention.cpp): fp32 on a CPU, outside autograd and dispatch-level
     tracers (measure.trace counts torch's ops), head sizes of 1 to 8 vectors; faster than torch's flash kernel on
     the CPU (docs/engine.md). It writes (B, T, H, D), returned as a (B, H, T, D) view, so merging the heads
-    afterwards is free. None where it does not apply."""
-    if (q.device.type != "cpu" or not q.dtype == k.dtype == v.dtype == torch.float32 or q.dim() != 4
-            or k.dim() != 4 or v.shape != k.shape or q.shape[0] != k.shape[0] or q.shape[-2] > k.shape[-2]
+    afterwards is free. ``widen``: bf16 or fp16 q, k, v are widened to fp32 for the kernel and the output narrowed
+    back (faster than torch's bf16 kernel, and one rounding fewer). None where it does not apply."""
+    dtype = q.dtype
+    narrow = widen and dtype in (torch.bfloat16, torch.float16)
+    if (q.device.type != "cpu" or not q.dtype == k.dtype == v.dtype or (q.dtype != torch.float32 and not narrow)
+            or q.dim() != 4 or k.dim() != 4 or v.shape != k.shape or q.shape[0] != k.shape[0] or q.shape[-2] > k.shape[-2]
             or not q.shape[-1] or q.shape[-1] != k.shape[-1] or not k.shape[1] or q.shape[1] % k.shape[1]
             or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
             or _current_dispatch_mode() is not None):
@@ -105,6 +108,8 @@ def compiled_prefill(q, k, v, scale: float):
     if q.shape[-1] % mod.lanes() or q.shape[-1] // mod.lanes() > 8:
         paths.fell_back("prefill_attention", f"head_dim {q.shape[-1]} is not 1 to 8 vectors of {mod.lanes()}")
         return None
+    if narrow:
+        q, k, v = q.float(), k.float(), v.float()  # each dense in (B, H, S, D) unless it was a dense permutation
     if k.stride(-2) != v.stride(-2):
         # RoPE writes the rotated keys to fresh (B, S, Hkv, D) memory while v is still a view of the fused
         # projection; copying v into that layout (k is in it already: no copy) costs less than torch's kernel saves
@@ -114,13 +119,15 @@ def compiled_prefill(q, k, v, scale: float):
         paths.fell_back("prefill_attention", "q, k, v in a layout it does not read")
         return None
     paths.ran("prefill_attention")
-    return mod.prefill_attention(q, k, v, scale).transpose(1, 2)  # (B, T, H, D) -> (B, H, T, D)
+    out = mod.prefill_attention(q, k, v, scale).transpose(1, 2)  # (B, T, H, D) -> (B, H, T, D)
+    return out.to(dtype)  # no copy in fp32; narrowed in its (B, T, H, D) memory otherwise
 
 
 @register_kernel("sdpa")
 def sdpa_attention(q, k, v, *, causal: bool, alibi_slopes, scale: float, q_pos=None, kv_len=None, **_):
     """torch.nn.functional.scaled_dot_product_attention (fused flash/memory-efficient kernels where possible); a
-    causal fp32 prefill on a CPU outside autograd runs attnlab's compiled kernel instead (compiled_prefill)."""
+    causal prefill on a CPU outside autograd runs attnlab's compiled kernel instead (compiled_prefill; bf16 and fp16
+    widened to fp32 for it)."""
     T, S = q.shape[-2], k.shape[-2]
     if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and T <= 16:
         # Decode-sized queries in bf16 run several times slower on a CPU than upcast to fp32 first (torch's bf16
@@ -129,7 +136,7 @@ def sdpa_attention(q, k, v, *, causal: bool, alibi_slopes, scale: float, q_pos=N
                              q_pos=q_pos, kv_len=kv_len)
         return out.to(q.dtype)
     if causal and alibi_slopes is None and q_pos is None and kv_len is None and T > 1:
-        out = compiled_prefill(q, k, v, scale)
+        out = compiled_prefill(q, k, v, scale, widen=True)
         if out is not None:
             return out
     mask, is_causal = None, False
