@@ -7,7 +7,7 @@ import dataclasses
 
 from attnlab.runtime import DTYPES
 
-WEIGHT_DTYPES = ("fp32", "bf16", "int8")  # what a model's weights can be cast to (int8: weight-only, bf16 activations)
+WEIGHT_DTYPES = ("fp32", "bf16", "int8")  # what a model's weights can be cast to (int8: bf16 activations in decode)
 COMPUTE_DTYPES = ("fp32", "bf16")  # what a kernel benchmark computes in
 assert set(WEIGHT_DTYPES) <= set(DTYPES) and set(COMPUTE_DTYPES) <= set(DTYPES)
 
@@ -20,7 +20,8 @@ def add_threads(p: argparse.ArgumentParser) -> None:
 
 def add_weight_dtype(p: argparse.ArgumentParser, help: str | None = None) -> None:
     p.add_argument("--dtype", default="fp32", choices=WEIGHT_DTYPES,
-                   help=help or "weights: fp32, bf16, or int8 weight-only (bf16 activations)")
+                   help=help or "weights: fp32, bf16, or int8 (decode: int8 weights, bf16 activations; a prefill "
+                                "may quantize its activations to int8 too, where that measured faster: docs/engine.md)")
 
 
 def config_flags(cls) -> list[dataclasses.Field]:

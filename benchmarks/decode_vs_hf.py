@@ -239,7 +239,7 @@ def main() -> None:
     skipped = [dt for dt in ("bf16", "int8") if dt not in args.dtypes]
     if skipped:
         out["skipped_dtypes"] = {dt: "bf16 is emulated on this CPU (no avx512_bf16 or AMX), ~100x slower than fp32"
-                                 + ("; int8 weight-only runs bf16 activations" if dt == "int8" else "")
+                                 + ("; int8 decodes with bf16 activations" if dt == "int8" else "")
                                  for dt in skipped}
     if not args.skip_gpt2:
         peak0, bw0 = matmul_peak_flops(), memory_bandwidth()

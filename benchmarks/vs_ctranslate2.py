@@ -15,10 +15,14 @@ forwarded at once (``include_prompt_in_result=False``) and greedy search; attnla
 its weights laid out for the rows a call decodes, and for each batch the KV cache (paged or contiguous) that ran
 it faster on tuning prompts drawn apart from the reported ones (``choose_cache``; the JSON keeps both figures).
 
-The clock, one for both sides: time.perf_counter() read around each whole call (common.timed_call). TTFT is a call
-for one token; decode per token = (a call for n tokens - the call for one) / (n - 1). Every side runs every call
-shape once untimed first; the sides alternate each round (common.round_order) and every ratio is the median of
-per-round ratios. The machine's bounds come from the same run, measured before and after: the fp32 matmul peak and
+Each library runs in a process of its own (``Side``: this script with ``--side``, taking calls as JSON lines on its
+stdin and answering the tokens on its stdout), built and warmed once: in one process, once CTranslate2 had run a
+call, attnlab's 512-token int8 prefill took 310-360 ms where it had taken 230-260 before, for the rest of the
+process, so the two libraries never share one. The clock, one for both sides: this process's time.perf_counter()
+read around each whole call (common.timed_call), the request and the answer included (JSON of a few thousand token
+ids: well under a millisecond). TTFT is a call for one token; decode per token = (a call for n tokens - the call for
+one) / (n - 1). Every side runs every call shape once untimed first; the sides alternate each round
+(common.round_order) and every ratio is the median of per-round ratios. The machine's bounds come from the same run, measured before and after: the fp32 matmul peak and
 the memory bandwidth. Each batch-1 decode row is also a share of its bound (weight bytes read per token over the
 bandwidth, against the measured step), each batched row a share of the peak (model FLOPs of prompts and outputs
 over wall time). Greedy tokens are compared in fp32. Writes benchmarks/results/vs_ctranslate2.json.
@@ -27,7 +31,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -125,56 +132,127 @@ def choose_cache(model, prompts: list[list[int]], new: int) -> dict:
     return {"paged": rate["paged"] >= rate["contiguous"], "tok_per_s": rate}
 
 
+def prompts_for(vocab: int, batches: list[int], quick: bool) -> dict:
+    """The prompts every side runs, the same in each process: "single" (one prompt of 512 tokens, 128 with
+    --quick), "batches" {B: B prompts of 128} (seed 1) and "tuning" {B: ...} (TUNING_SEED, for choose_cache)."""
+    g = torch.Generator().manual_seed(1)
+    single = [torch.randint(0, vocab, (128 if quick else 512,), generator=g).tolist()]
+    batches_ = {B: [torch.randint(0, vocab, (128,), generator=g).tolist() for _ in range(B)] for B in batches}
+    tg = torch.Generator().manual_seed(TUNING_SEED)
+    tuning = {B: [torch.randint(0, vocab, (128,), generator=tg).tolist() for _ in range(B)] for B in batches}
+    return {"single": single, "batches": batches_, "tuning": tuning}
+
+
+class Side:
+    """One library's models in a process of its own (``side_main``), built and warmed there; a call sends
+    (dtype, batch, prompts, n) and returns the continuations' token ids. ``setup``: what the process reported once
+    built (attnlab: bytes per decoded token and each batch's cache choice)."""
+
+    def __init__(self, lib: str, folder: str, dtypes: list[str], args):
+        cmd = [sys.executable, __file__, "--side", lib, "--folder", folder, "--dtypes", ",".join(dtypes),
+               "--threads", str(args.threads), "--batches", ",".join(map(str, args.batches)),
+               "--batch-new-tokens", str(args.batch_new_tokens)] + (["--quick"] if args.quick else [])
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.setup = self._answer()
+
+    def _answer(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.proc.args[3]} side exited with {self.proc.wait()}")
+        res = json.loads(line)
+        if "error" in res:
+            raise RuntimeError(res["error"])
+        return res
+
+    def __call__(self, dtype: str, batch: int, prompts: list[list[int]], n: int) -> list[list[int]]:
+        self.proc.stdin.write(json.dumps({"dtype": dtype, "batch": batch, "prompts": prompts, "n": n}) + "\n")
+        self.proc.stdin.flush()
+        return self._answer()["tokens"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def side_main(args) -> None:
+    """Child: build one library's side for every dtype (attnlab: a model laid out for one row, and one per batch
+    with the KV cache choose_cache picks), report its setup, then answer calls until stdin closes."""
+    answer, sys.stdout = sys.stdout, sys.stderr  # only answers on the pipe: libraries' prints go to stderr
+    set_threads(args.threads)
+    dtypes = args.dtypes.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
+    runs, setup = {}, {}
+    if args.side == "attnlab":
+        base, cfg, _, _ = load_hf(args.folder)
+        tuning = prompts_for(cfg.vocab_size, batches, args.quick)["tuning"]
+        setup = {"bytes_per_token": {}, "caches": {}}
+        for dt in dtypes:
+            one = set_precision(copy.deepcopy(base), dt, rows=1)
+            setup["bytes_per_token"][dt] = decode_bytes_per_token(one)
+            runs[(dt, 1)] = attnlab_side(one)
+            for B in batches:
+                model = set_precision(copy.deepcopy(base), dt, rows=min(B, 16), varying=True)
+                setup["caches"][f"batch_{B}_{dt}"] = choice = choose_cache(model, tuning[B], args.batch_new_tokens)
+                runs[(dt, B)] = attnlab_side(model, paged=choice["paged"])
+    else:
+        ct2_dir = convert_for_ct2(args.folder)
+        for dt in dtypes:
+            gen = ct2_side(ct2_dir, dt, args.threads)
+            runs.update({(dt, B): gen for B in [1, *batches]})
+    answer.write(json.dumps(setup) + "\n")
+    answer.flush()
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            res = {"tokens": runs[(req["dtype"], req["batch"])](req["prompts"], req["n"])}
+        except Exception as e:  # reported to the parent, which stops
+            res = {"error": f"{args.side}: {type(e).__name__}: {e}"}
+        answer.write(json.dumps(res) + "\n")
+        answer.flush()
+
+
 def measure(args, dtypes: list[str]) -> dict:
     folder, vocab = gpt2_folder(args.quick)
-    ct2_dir = convert_for_ct2(folder)
     base, cfg, _, _ = load_hf(folder)
-    g = torch.Generator().manual_seed(1)
-    short = 128 if args.quick else 512
-    single = [torch.randint(0, vocab, (short,), generator=g).tolist()]
-    batches = {B: [torch.randint(0, vocab, (128,), generator=g).tolist() for _ in range(B)] for B in args.batches}
-    tg = torch.Generator().manual_seed(TUNING_SEED)
-    tuning = {B: [torch.randint(0, vocab, (128,), generator=tg).tolist() for _ in range(B)] for B in args.batches}
-    n, new = args.new_tokens, args.batch_new_tokens
     nonembed = sum(p.numel() for name, p in base.named_parameters() if "tok_emb" not in name and "pos_enc" not in name)
+    del base
+    p = prompts_for(vocab, args.batches, args.quick)
+    single, batches = p["single"], p["batches"]
+    n, new = args.new_tokens, args.batch_new_tokens
 
-    sides, bytes_per_token, caches = {}, {}, {}
-    for dt in dtypes:
-        one = set_precision(copy.deepcopy(base), dt, rows=1)
-        bytes_per_token[dt] = decode_bytes_per_token(one)
-        sides[(dt, "attnlab", 1)] = attnlab_side(one)
-        for B in args.batches:
-            model = set_precision(copy.deepcopy(base), dt, rows=min(B, 16), varying=True)
-            caches[f"batch_{B}_{dt}"] = choice = choose_cache(model, tuning[B], new)
-            print(f"batch {B} {dt}: {'paged' if choice['paged'] else 'contiguous'} cache "
-                  f"({', '.join(f'{k} {v:.0f} tok/s' for k, v in choice['tok_per_s'].items())} on tuning prompts)",
-                  flush=True)
-            sides[(dt, "attnlab", B)] = attnlab_side(model, paged=choice["paged"])
-        ct2 = ct2_side(ct2_dir, dt, args.threads)
-        sides[(dt, "ctranslate2", 1)] = ct2
-        for B in args.batches:
-            sides[(dt, "ctranslate2", B)] = ct2
+    libs = {lib: Side(lib, folder, dtypes, args) for lib in ("attnlab", "ctranslate2")}
+    ours = libs["attnlab"].setup
+    for name, choice in ours["caches"].items():
+        print(f"{name}: {'paged' if choice['paged'] else 'contiguous'} cache "
+              f"({', '.join(f'{k} {v:.0f} tok/s' for k, v in choice['tok_per_s'].items())} on tuning prompts)",
+              flush=True)
+    sides = {(dt, lib, B): (lambda ps, k, side=side, dt=dt, B=B: side(dt, B, ps, k))
+             for dt in dtypes for lib, side in libs.items() for B in [1, *args.batches]}
     calls = {1: [(single, 1), (single, n)], **{B: [(batches[B], new)] for B in args.batches}}
-    for (dt, lib, B), fn in sides.items():  # warm-up: every side, every call shape it is timed on
-        for prompts, k in calls[B]:
-            fn(prompts, k)
-    times = {key: [] for key in sides}
-    tokens = {}
-    rounds = args.rounds
-    for r in range(rounds):
-        for key in round_order(list(sides), r):
-            dt, lib, B = key
-            if B == 1:
-                t1, _ = timed_call(lambda: sides[key](single, 1))
-                tn, tokens[key] = timed_call(lambda: sides[key](single, n))
-                times[key].append((t1, (tn - t1) / (n - 1)))
-            else:
-                tb, _ = timed_call(lambda: sides[key](batches[B], new))
-                times[key].append(tb)
-        print(f"round {r + 1}/{rounds} done", flush=True)
-    return {"times": times, "tokens": tokens, "bytes_per_token": bytes_per_token, "caches": caches,
+    try:
+        for (dt, lib, B), fn in sides.items():  # warm-up: every side, every call shape it is timed on
+            for prompts, k in calls[B]:
+                fn(prompts, k)
+        times = {key: [] for key in sides}
+        tokens = {}
+        rounds = args.rounds
+        for r in range(rounds):
+            for key in round_order(list(sides), r):
+                dt, lib, B = key
+                if B == 1:
+                    t1, _ = timed_call(lambda: sides[key](single, 1))
+                    tn, tokens[key] = timed_call(lambda: sides[key](single, n))
+                    times[key].append((t1, (tn - t1) / (n - 1)))
+                else:
+                    tb, _ = timed_call(lambda: sides[key](batches[B], new))
+                    times[key].append(tb)
+            print(f"round {r + 1}/{rounds} done", flush=True)
+    finally:
+        for side in libs.values():
+            side.close()
+    return {"times": times, "tokens": tokens, "bytes_per_token": ours["bytes_per_token"], "caches": ours["caches"],
             "nonembed": nonembed, "cfg": cfg,
-            "vocab": vocab, "short": short, "n": n, "new": new}
+            "vocab": vocab, "short": len(single[0]), "n": n, "new": new}
 
 
 def summarize_rows(m: dict, dtypes: list[str], batches: list[int], peak: float, bandwidth: float) -> dict:
@@ -218,7 +296,11 @@ def main() -> None:
                                      "here: attnlab.runtime's fast dtypes and CTranslate2's compute types)")
     ap.add_argument("--quick", action="store_true", help="smoke run: a tiny GPT-2, 2 rounds, few tokens")
     ap.add_argument("--out", default="benchmarks/results/vs_ctranslate2.json")
+    ap.add_argument("--side", choices=("attnlab", "ctranslate2"), help=argparse.SUPPRESS)  # a Side's process
+    ap.add_argument("--folder", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.side:
+        return side_main(args)
     try:
         import ctranslate2
     except ImportError:
@@ -249,7 +331,9 @@ def main() -> None:
                     for name, row in rows.items() if name.startswith("decode_")})
     out = {"benchmark": "vs_ctranslate2", "context": context(), "ctranslate2": ctranslate2.__version__,
            "quick": args.quick, "rounds": args.rounds, "threads": args.threads, "dtypes": dtypes,
-           "clock": "time.perf_counter() read by the benchmark around each whole call, on both sides",
+           "clock": "time.perf_counter() read by the benchmark around each whole call (the request to the side's "
+                    "process and its answer), on both sides",
+           "processes": "each library in a process of its own, built and warmed once",
            "order": "sides alternate each round (forward, then reversed)",
            "calibration": {"matmul_peak_flops": [peak0, peak1], "bandwidth_bytes_per_s": [bw0, bw1]},
            "greedy_tokens_identical_fp32": fp32_same, "rows": rows, "targets": targets,
