@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -88,3 +89,31 @@ def write_json(path: str | Path, data: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
+
+
+class JsonLinesProcess:
+    """A child process driven by JSON lines: a request is one line on its stdin, its answer one line on its stdout (an
+    answer holding "error" raises here). Each side of a comparison runs in one (serve_sides.SideProcess,
+    vs_ctranslate2.Side), so no side shares a process with another library or with the load generator."""
+
+    def __init__(self, cmd: list[str], what: str):
+        self.what = what
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def answer(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.what} exited with {self.proc.wait()}")
+        res = json.loads(line)
+        if "error" in res:
+            raise RuntimeError(res["error"])
+        return res
+
+    def request(self, obj: dict) -> dict:
+        self.proc.stdin.write(json.dumps(obj) + "\n")
+        self.proc.stdin.flush()
+        return self.answer()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import threading
@@ -16,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import set_threads  # noqa: E402
+from common import JsonLinesProcess, set_threads  # noqa: E402
 
 
 def in_engine(engine, ps: list[list[int]], out: int) -> dict:
@@ -84,31 +83,19 @@ def peer_missing(side: str) -> str | None:
         f"skipped: {library} is not installed (pip install -e '.[bench]')"
 
 
-class SideProcess:
+class SideProcess(JsonLinesProcess):
     """The engine (or a peer) driven directly, in a process of its own, like the server: a side run inside the
     parent shares its cores with the load generator and the other in-process side, and the server's next run was
     slower for it (docs/measuring.md), so each side gets a warm process that takes prompts on stdin and answers
     its measurement on stdout."""
 
     def __init__(self, side: str, folder: str, threads: int, prefill_chunk: int, max_batch: int, kv_blocks: int):
-        cmd = [sys.executable, __file__, side, folder, "--threads", str(threads), "--prefill-chunk", str(prefill_chunk),
-               "--max-batch", str(max_batch), "--kv-blocks", str(kv_blocks)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        super().__init__([sys.executable, __file__, side, folder, "--threads", str(threads), "--prefill-chunk",
+                          str(prefill_chunk), "--max-batch", str(max_batch), "--kv-blocks", str(kv_blocks)],
+                         f"the {side} side")
 
     def __call__(self, ps: list[list[int]], out: int) -> dict:
-        self.proc.stdin.write(json.dumps({"prompts": ps, "out": out}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the side process exited with {self.proc.wait()}")
-        res = json.loads(line)
-        if "error" in res:
-            raise RuntimeError(res["error"])
-        return res
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(60)
+        return self.request({"prompts": ps, "out": out})
 
 
 def side_main(args) -> None:

@@ -33,7 +33,6 @@ import argparse
 import copy
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -44,8 +43,8 @@ from attnlab.engine import generate
 from attnlab.engine.quantize import set_precision
 from attnlab.models.hf import load_hf
 from attnlab.runtime import fast_dtypes
-from common import (context, matmul_peak_flops, memory_bandwidth, round_order, round_ratios, set_threads, summarize,
-                    timed_call, write_json)
+from common import (JsonLinesProcess, context, matmul_peak_flops, memory_bandwidth, round_order, round_ratios,
+                    set_threads, summarize, timed_call, write_json)
 from decode_vs_hf import decode_bytes_per_token
 
 CT2_TYPES = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16"}
@@ -143,35 +142,20 @@ def prompts_for(vocab: int, batches: list[int], quick: bool) -> dict:
     return {"single": single, "batches": batches_, "tuning": tuning}
 
 
-class Side:
+class Side(JsonLinesProcess):
     """One library's models in a process of its own (``side_main``), built and warmed there; a call sends
     (dtype, batch, prompts, n) and returns the continuations' token ids. ``setup``: what the process reported once
     built (attnlab: bytes per decoded token and each batch's cache choice)."""
 
     def __init__(self, lib: str, folder: str, dtypes: list[str], args):
-        cmd = [sys.executable, __file__, "--side", lib, "--folder", folder, "--dtypes", ",".join(dtypes),
-               "--threads", str(args.threads), "--batches", ",".join(map(str, args.batches)),
-               "--batch-new-tokens", str(args.batch_new_tokens)] + (["--quick"] if args.quick else [])
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.setup = self._answer()
-
-    def _answer(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the {self.proc.args[3]} side exited with {self.proc.wait()}")
-        res = json.loads(line)
-        if "error" in res:
-            raise RuntimeError(res["error"])
-        return res
+        super().__init__([sys.executable, __file__, "--side", lib, "--folder", folder, "--dtypes", ",".join(dtypes),
+                          "--threads", str(args.threads), "--batches", ",".join(map(str, args.batches)),
+                          "--batch-new-tokens", str(args.batch_new_tokens)] + (["--quick"] if args.quick else []),
+                         f"the {lib} side")
+        self.setup = self.answer()
 
     def __call__(self, dtype: str, batch: int, prompts: list[list[int]], n: int) -> list[list[int]]:
-        self.proc.stdin.write(json.dumps({"dtype": dtype, "batch": batch, "prompts": prompts, "n": n}) + "\n")
-        self.proc.stdin.flush()
-        return self._answer()["tokens"]
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(60)
+        return self.request({"dtype": dtype, "batch": batch, "prompts": prompts, "n": n})["tokens"]
 
 
 def side_main(args) -> None:
