@@ -17,12 +17,13 @@ it faster on tuning prompts drawn apart from the reported ones (``choose_cache``
 
 Each library runs in a process of its own (``Side``: this script with ``--side``, taking calls as JSON lines on its
 stdin and answering the tokens on its stdout), built and warmed once: in one process, once CTranslate2 had run a
-call, attnlab's 512-token int8 prefill took 310-360 ms where it had taken 230-260 before, for the rest of the
+call, attnlab's 512-token int8 prefill took 280-400 ms where it had taken 230-260 before, for the rest of the
 process, so the two libraries never share one. The clock, one for both sides: this process's time.perf_counter()
 read around each whole call (common.timed_call), the request and the answer included (JSON of a few thousand token
 ids: well under a millisecond). TTFT is a call for one token; decode per token = (a call for n tokens - the call for
 one) / (n - 1). Every side runs every call shape once untimed first; the sides alternate each round
-(common.round_order) and every ratio is the median of per-round ratios. The machine's bounds come from the same run, measured before and after: the fp32 matmul peak and
+(common.round_order) and every ratio is the median of per-round ratios. The machine's bounds come from the same run,
+measured before and after: the fp32 matmul peak and
 the memory bandwidth. Each batch-1 decode row is also a share of its bound (weight bytes read per token over the
 bandwidth, against the measured step), each batched row a share of the peak (model FLOPs of prompts and outputs
 over wall time). Greedy tokens are compared in fp32. Writes benchmarks/results/vs_ctranslate2.json.
