@@ -220,20 +220,26 @@ def test_composition_is_interpolated_in_depth_then_width():
     assert cpu.composition(micro, "bf16", "cpu", "prefill", 100, 2) == 1.0  # no bf16 models: the plain sum
 
 
-def test_a_case_is_the_faster_of_its_processes(monkeypatch):
-    """Each figure of a validation case is the faster fresh process's (as the calibration's whole models are
-    timed); the pulse is their mean, and each process's figures are kept."""
+def test_a_case_is_the_fastest_of_its_processes_timed_round_by_round(monkeypatch):
+    """Each figure of a validation case is the fastest of its fresh processes (as the calibration's whole models are
+    timed), the group's cases taking turns so that one case's processes lie a round apart; the pulse is their mean,
+    and each process's figures are kept."""
     from attnlab.measure import validate as v
 
     def record(ttft, decode, pulse):
         t = {"ttft": ttft, "decode": decode}
         return {"wall": t, "cpu": t, "spread": {}, "pulse": {c: {"fp32": pulse} for c in ("wall", "cpu")}}
 
-    runs = iter([record(0.030, 0.002, 1e-3), record(0.020, 0.003, 3e-3)])
-    monkeypatch.setattr("attnlab.timing.run_fresh", lambda *a, **k: next(runs))
-    out = v._measure_in_child(v._case(128, 2, 4, 64, 1), 3, 1)
-    assert out["cpu"] == {"ttft": 0.020, "decode": 0.002} and out["pulse"]["cpu"]["fp32"] == pytest.approx(2e-3)
-    assert [p["cpu"]["ttft"] for p in out["processes"]] == [0.030, 0.020] and v.PROCESSES == 2
+    a, b = v._case(128, 2, 4, 64, 1), v._case(256, 3, 4, 100, 2)
+    figures = {a.name: iter([record(0.030, 0.002, 1e-3), record(0.020, 0.003, 3e-3), record(0.025, 0.004, 2e-3)]),
+               b.name: iter([record(0.5, 0.05, 1e-3)] * 3)}
+    order = []
+    monkeypatch.setattr(v, "_run_child", lambda case, repeats, threads: order.append(case.name) or next(figures[case.name]))
+    out = v._measure_group([a, b], 3, 1, lambda text: None)
+    assert order == [a.name, b.name] * 3 and v.PROCESSES == 3
+    assert out[a.name]["cpu"] == {"ttft": 0.020, "decode": 0.002} and out[a.name]["pulse"]["cpu"]["fp32"] == pytest.approx(2e-3)
+    assert [p["cpu"]["ttft"] for p in out[a.name]["processes"]] == [0.030, 0.020, 0.025]
+    assert out[b.name]["cpu"] == {"ttft": 0.5, "decode": 0.05}
 
 
 def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, capsys):
@@ -263,7 +269,7 @@ def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, caps
     measured = {"wall": {"ttft": 0.02, "decode": 0.004}, "cpu": {"ttft": 0.01, "decode": 0.002},
                 "spread": {"ttft_min": 0.01, "ttft_max": 0.01, "decode_min": 0.002, "decode_max": 0.002},
                 "pulse": {"wall": slow_fp32, "cpu": slow_fp32}}
-    monkeypatch.setattr(v, "_measure_in_child", lambda case, repeats, threads: measured)
+    monkeypatch.setattr(v, "_run_child", lambda case, repeats, threads: measured)
     monkeypatch.setattr(v, "GROUP", 1)
     out, runs = tmp_path / "res.json", tmp_path / "runs.jsonl"
     args = dict(threads=1, out=str(out), runs=str(runs), seed=None)
@@ -303,7 +309,7 @@ def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, caps
     assert printed["runs"]["runs"] == 2 and drawn[1][0] == 5
     assert runs.read_bytes().startswith(first)  # appended: the first line is untouched
     assert [r["seed_given"] for r in validation_log.load(runs)] == [False, True]
-    monkeypatch.setattr(v, "_measure_in_child", lambda case, repeats, threads: (_ for _ in ()).throw(
+    monkeypatch.setattr(v, "_run_child", lambda case, repeats, threads: (_ for _ in ()).throw(
         RuntimeError("timing d128 failed: killed")))
     with pytest.raises(RuntimeError, match="killed"):
         cost_validate(Namespace(**args, json=False))

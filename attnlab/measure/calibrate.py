@@ -355,7 +355,7 @@ def shapes() -> set[tuple]:
 
 def composition(dtypes: tuple[str, ...], micro_so_far: dict) -> dict:
     """{"rows": [[dim, heads, layers, dtype, measured, predicted]]}: CALIBRATION's composition models run by the
-    engine in fresh processes, as a validation case is (measured: {clock: {"ttft", "decode"}} seconds, the faster
+    engine in fresh processes, as a validation case is (measured: {clock: {"ttft", "decode"}} seconds, the fastest
     of ``processes`` runs), beside what
     ``cost.cpu`` predicts for them from the other tables (``micro_so_far``) as the sum of their parts (predicted:
     {clock: {"prefill", "decode"}}). Why: the parts are timed one kernel at a time, each on its own inputs, warm;
@@ -371,27 +371,35 @@ def composition(dtypes: tuple[str, ...], micro_so_far: dict) -> dict:
     from attnlab.timing import run_fresh
 
     c = CALIBRATION.get("composition")
+    combos = [(dim, heads, layers, dtype) for dim, heads, layers in (c["models"] if c else ()) for dtype in dtypes]
+    B, T, new = (c["batch"], c["prompt"], c["new_tokens"]) if c else (0, 0, 0)
+
+    def config(dim, heads, layers):
+        return ModelConfig(dim=dim, n_layers=layers, n_heads=heads, vocab_size=256, max_seq_len=T + new + 8)
+
+    # Round by round, every (model, dtype) once a round: one model's processes lie a whole round apart, so a slow
+    # spell of the machine (tens of seconds) slows one of them, not all, and not one dtype's alone.
+    runs: dict = {combo: [] for combo in combos}
+    for _ in range(c["processes"] if c else 0):
+        for dim, heads, layers, dtype in combos:
+            micro.check_cancel()
+            runs[(dim, heads, layers, dtype)].append(run_fresh(
+                "attnlab.measure.engine_timing", "time_model_json",
+                [asdict(config(dim, heads, layers)), dtype, B, T, new, c["repeats"]], env={},
+                what=f"timing the {dim}-wide composition model in {dtype}"))
     rows = []
-    for dim, heads, layers in c["models"] if c else ():
-        B, T, new = c["batch"], c["prompt"], c["new_tokens"]
-        cfg = ModelConfig(dim=dim, n_layers=layers, n_heads=heads, vocab_size=256, max_seq_len=T + new + 8)
+    for (dim, heads, layers, dtype), got in runs.items():
+        cfg = config(dim, heads, layers)
         a = from_model_config(cfg)
-        for dtype in dtypes:
-            runs = []
-            for _ in range(c["processes"]):
-                micro.check_cancel()
-                runs.append(run_fresh("attnlab.measure.engine_timing", "time_model_json",
-                                      [asdict(cfg), dtype, B, T, new, c["repeats"]], env={},
-                                      what=f"timing the {dim}-wide composition model in {dtype}"))
-            # the faster process's figures: now and then one runs slower throughout (its layouts, chosen by
-            # measurement as it started, or a neighbour), which would scale every prediction of its calibration
-            t = {clock: {k: min(r[clock][k] for r in runs) for k in ("ttft", "decode")} for clock in ("wall", "cpu")}
-            ops = op_counts(cfg, B, T, T + new // 2, dtype)
-            predicted = {clock: {
-                "prefill": cpu.prefill_s(a, B, T, micro_so_far, dtype, ops, clock, composed=False)["total"],
-                "decode": cpu.decode_s(a, B, T + new // 2, micro_so_far, dtype, ops, clock, composed=False)["total"]}
-                for clock in ("wall", "cpu")}
-            rows.append([dim, heads, layers, dtype, t, predicted])
+        # the fastest process's figures: now and then one runs slower throughout (its layouts, chosen by
+        # measurement as it started, or a neighbour), which would scale every prediction of its calibration
+        t = {clock: {k: min(r[clock][k] for r in got) for k in ("ttft", "decode")} for clock in ("wall", "cpu")}
+        ops = op_counts(cfg, B, T, T + new // 2, dtype)
+        predicted = {clock: {
+            "prefill": cpu.prefill_s(a, B, T, micro_so_far, dtype, ops, clock, composed=False)["total"],
+            "decode": cpu.decode_s(a, B, T + new // 2, micro_so_far, dtype, ops, clock, composed=False)["total"]}
+            for clock in ("wall", "cpu")}
+        rows.append([dim, heads, layers, dtype, t, predicted])
     return {"rows": rows}
 
 

@@ -36,7 +36,7 @@ CALIBRATION = {
     # near the ends of the validated range, because the ratio moves with depth as well as width: a 2-layer model's
     # step is mostly the engine's fixed cost, a 10-layer one's mostly its layers (docs/cost.md).
     "composition": {"models": ((160, 4, 2), (160, 4, 10), (800, 10, 2), (800, 10, 10)), "prompt": 128, "batch": 2,
-                    "new_tokens": 17, "repeats": 3, "processes": 2},
+                    "new_tokens": 17, "repeats": 3, "processes": 3},
     "floor_width": 16,  # the tiny shape of each floor
     "cold_mib": (0, 0.5, 2, 8, 32),  # bytes streamed just before the floor's mix, for the cold-dispatch table
     # The head and sampler table's vocabulary: not one a validation draws (256 or GPT-2's 50,257), as large as

@@ -9,8 +9,8 @@ calibration's benchmarks and between each case's repeats; each part of a predict
 or slower its kind of work ran beside the case than during the calibration (cpu.at_pace). The unscaled
 predictions are kept beside (``error_unpaced``).
 
-Each case is a randomly initialised attnlab transformer (seed 0) run by the engine in two fresh processes (each
-figure the faster's, as the calibration's whole models: _measure_in_child), generating NEW_TOKENS tokens per call
+Each case is a randomly initialised attnlab transformer (seed 0) run by the engine in three fresh processes (each
+figure the fastest's, as the calibration's whole models: _measure_group), generating NEW_TOKENS tokens per call
 with both clocks read around a prefill-only first step (engine_timing.time_generate): time to first token = until
 every sequence has its first token; decode time per step = the rest of the call over the steps it took; each figure
 is the median over the repeats, after a warm-up. Reading the decode figure from per-step stamps, not from a
@@ -215,18 +215,23 @@ def rows_for(case: Case, measured: dict, micros: list[dict], clock: str) -> list
     return rows
 
 
-PROCESSES = 2  # fresh processes per case, as the calibration's whole models (calibrate.composition)
+PROCESSES = 3  # fresh processes per case, as the calibration's whole models (calibrate.composition)
 
 
-def _measure_in_child(case: Case, repeats: int, threads: int) -> dict:
-    """The case timed in PROCESSES fresh processes (no warm caches, its own allocator, glibc's defaults as a user's
-    run has); each figure is the faster process's, as the calibration's whole models are timed: now and then one
-    process runs slower throughout (a kernel choice made by measurement as it starts, or a neighbour), which is not
-    the engine's pace (docs/cost.md has the figures). The pulse is the processes' mean; each process's figures are kept under "processes"."""
+def _run_child(case: Case, repeats: int, threads: int) -> dict:
+    """One fresh process's timing of ``case`` (no warm caches, its own allocator, glibc's defaults as a user's run
+    has)."""
     from attnlab.timing import run_fresh
 
-    runs = [run_fresh("attnlab.measure.validate", "measure_case", [asdict(case), repeats], threads, env={},
-                      what=f"timing {case.name}") for _ in range(PROCESSES)]
+    return run_fresh("attnlab.measure.validate", "measure_case", [asdict(case), repeats], threads, env={},
+                     what=f"timing {case.name}")
+
+
+def _combine(runs: list[dict]) -> dict:
+    """One case's figures from its processes' ``runs``: each figure the fastest process's, as the calibration's whole
+    models are timed: now and then one process runs slower throughout (a kernel choice made by measurement as it
+    starts, or a neighbour), which is not the engine's pace (docs/cost.md has the figures). The pulse is the
+    processes' mean; each process's figures are kept under "processes"."""
     out = dict(runs[0])
     for clock in ("wall", "cpu"):
         out[clock] = {k: min(r[clock][k] for r in runs) for k in runs[0][clock]}
@@ -235,6 +240,18 @@ def _measure_in_child(case: Case, repeats: int, threads: int) -> dict:
                     for clock in pulse}
     out["processes"] = [{clock: r[clock] for clock in ("wall", "cpu")} for r in runs]
     return out
+
+
+def _measure_group(cases: list[Case], repeats: int, threads: int, say) -> dict:
+    """name -> figures of each of ``cases``, timed round by round: every case once a round, PROCESSES rounds. One
+    case's processes lie a round apart (about a minute), so a slow spell of the machine (tens of seconds) slows
+    one of them, not all three."""
+    runs: dict = {c.name: [] for c in cases}
+    for r in range(PROCESSES):
+        for case in cases:
+            say(f"{case.name} (process {r + 1}/{PROCESSES})")
+            runs[case.name].append(_run_child(case, repeats, threads))
+    return {name: _combine(got) for name, got in runs.items()}
 
 
 GROUP = 5  # cases between two calibrations
@@ -273,12 +290,9 @@ def validate(seed: int, cases=None, repeats: int = 5, group: int | None = None, 
 
     hws: list = []
     hws.append(calibrate(0))
-    measured, done = {}, 0
+    measured = {}
     for g, cases_g in enumerate(groups):
-        for case in cases_g:
-            done += 1
-            say(f"[{done}/{len(run)}] {case.name}")
-            measured[case.name] = _measure_in_child(case, repeats, threads)
+        measured.update(_measure_group(cases_g, repeats, threads, lambda text, g=g: say(f"[group {g + 1}/{len(groups)}] {text}")))
         hws.append(calibrate(g + 1))
     local.save_local(hws[-1])
     modules.clear()  # the matrices are no longer needed
