@@ -66,6 +66,16 @@ def test_local_hardware_is_measured_and_cached(tiny_calibration):
     plain = cpu.prefill_s(a, 2, 10, hw.micro, "fp32", ops, "cpu", composed=False)
     assert pred["prefill"]["total"] != pytest.approx(plain["total"]) or ratio == pytest.approx(1.0)
     assert cpu.prefill_s(a, 2, 10, hw.micro, "fp32", ops, "cpu")["total"] == pytest.approx(plain["total"] * ratio)
+    # a later calibration keeps the whole models' timings and predicts them afresh from its own tables: a table
+    # read twice as slow doubles the predicted sums, and the ratio halves with them
+    from attnlab.measure import calibrate
+
+    slower = json.loads(json.dumps(hw.micro))
+    for row in slower["linear"]["fp32"]["decode"]:
+        row[-1] = {k: v * 2 for k, v in row[-1].items()} if isinstance(row[-1], dict) else row[-1]
+    again = calibrate.composition(("fp32",), slower, hw.micro["composition"])
+    (_, _, _, _, kept, resummed), = [r for r in again["rows"] if r[3] == "fp32"]
+    assert kept == measured and resummed["cpu"]["decode"] > summed["cpu"]["decode"]
 
 
 def test_calibration_shapes_are_disjoint_from_the_validation_cases():

@@ -25,7 +25,10 @@ CALIBRATION = {
     # floor held a larger share of it: short bf16 prefills were predicted 2-3x too fast per head.
     "attention_heads": 12,
     "attention_tokens": (96, 384, 1536),  # T of a causal prefill SDPA call
-    "attention_head_dims": (24, 48, 96),
+    # Whole vectors each (16 fp32 lanes with AVX-512, 8 with AVX2), as the validated 32 and 64 are: at 24 the
+    # compiled prefill kernel did not apply (torch's ran instead) and the decode kernel ran a lane tail, 5-7 GB/s
+    # against 16-18 at 48, and a head_dim-32 decode interpolated between the two was predicted 2.5x slow.
+    "attention_head_dims": (16, 48, 96),
     "attention_keys": (40, 400, 4000),  # S cached keys of a one-query decode SDPA call
     "elementwise_rows": (1, 8, 48, 320, 1536),  # M x W of the elementwise layer mix (skipped above 2M elements)
     "probe": {"dim": 16, "n_heads": 2, "vocab_size": 32, "layers": (1, 16), "batch": (1, 6), "prompt": 24,
@@ -35,7 +38,8 @@ CALIBRATION = {
     # draws multiples of 64 from 128 to 1,024) and head dims it never uses (it uses 32 and 64), each at two depths
     # near the ends of the validated range, because the ratio moves with depth as well as width: a 2-layer model's
     # step is mostly the engine's fixed cost, a 10-layer one's mostly its layers (docs/cost.md).
-    "composition": {"models": ((160, 4, 2), (160, 4, 10), (800, 10, 2), (800, 10, 10)), "prompt": 128, "batch": 2,
+    # Their head dims (16, 80) are whole vectors too, as the attention table's (above) and the validated ones are.
+    "composition": {"models": ((160, 10, 2), (160, 10, 10), (800, 10, 2), (800, 10, 10)), "prompt": 128, "batch": 2,
                     "new_tokens": 17, "repeats": 3, "processes": 3},
     "floor_width": 16,  # the tiny shape of each floor
     "cold_mib": (0, 0.5, 2, 8, 32),  # bytes streamed just before the floor's mix, for the cold-dispatch table

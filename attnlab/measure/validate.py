@@ -285,7 +285,8 @@ def validate(seed: int, cases=None, repeats: int = 5, group: int | None = None, 
 
     def calibrate(n):
         say(f"calibration {n + 1}/{len(groups) + 1} ({', '.join(dtypes)}; micro-benchmarks only)")
-        # the whole models run once, in the first: their ratios carry to the later calibrations (calibrate.run)
+        # the whole models run once, in the first; each later calibration predicts their timings afresh from its own
+        # tables (calibrate.composition)
         return local.calibrate(dtypes, modules, composed=hws[0].micro.get("composition") if n else None)
 
     hws: list = []
