@@ -366,7 +366,6 @@ def composition(dtypes: tuple[str, ...], micro_so_far: dict, measured: dict | No
     (not run again) and predicted afresh from these tables. Why afresh: the tables of one calibration differ from
     the next by more than the machine's pace (one run's decode sums for the same model: 19.2, 15.8 and 15.9 ms
     from its three calibrations), so a ratio carries only to the tables it was taken against."""
-    from attnlab.config import ModelConfig
     from attnlab.cost import cpu
     from attnlab.cost.arch import from_model_config
     from attnlab.measure.engine_timing import op_counts
@@ -377,7 +376,7 @@ def composition(dtypes: tuple[str, ...], micro_so_far: dict, measured: dict | No
                     else _time_composition_models(dtypes))
     rows = []
     for (dim, heads, layers, dtype), t in timed_models.items():
-        cfg = ModelConfig(dim=dim, n_layers=layers, n_heads=heads, vocab_size=256, max_seq_len=T + new + 8)
+        cfg = _composition_config(dim, heads, layers)
         a = from_model_config(cfg)
         ops = op_counts(cfg, B, T, T + new // 2, dtype)
         predicted = {clock: {
@@ -388,12 +387,20 @@ def composition(dtypes: tuple[str, ...], micro_so_far: dict, measured: dict | No
     return {"rows": rows}
 
 
+def _composition_config(dim: int, heads: int, layers: int):
+    """A composition model's config: room for its prompt and the tokens it generates."""
+    from attnlab.config import ModelConfig
+
+    c = CALIBRATION["composition"]
+    return ModelConfig(dim=dim, n_layers=layers, n_heads=heads, vocab_size=256,
+                       max_seq_len=c["prompt"] + c["new_tokens"] + 8)
+
+
 def _time_composition_models(dtypes: tuple[str, ...]) -> dict:
     """(dim, heads, layers, dtype) -> {clock: {"ttft", "decode"}}: each composition model timed in ``processes``
     fresh processes, round by round, each figure the fastest process's."""
     from dataclasses import asdict
 
-    from attnlab.config import ModelConfig
     from attnlab.timing import run_fresh
 
     c = CALIBRATION.get("composition")
@@ -407,7 +414,7 @@ def _time_composition_models(dtypes: tuple[str, ...]) -> dict:
     for _ in range(c["processes"]):
         for dim, heads, layers, dtype in combos:
             micro.check_cancel()
-            cfg = ModelConfig(dim=dim, n_layers=layers, n_heads=heads, vocab_size=256, max_seq_len=T + new + 8)
+            cfg = _composition_config(dim, heads, layers)
             runs[(dim, heads, layers, dtype)].append(run_fresh(
                 "attnlab.measure.engine_timing", "time_model_json", [asdict(cfg), dtype, B, T, new, c["repeats"]],
                 env={}, what=f"timing the {dim}-wide composition model in {dtype}"))

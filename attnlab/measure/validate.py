@@ -293,7 +293,8 @@ def validate(seed: int, cases=None, repeats: int = 5, group: int | None = None, 
     hws.append(calibrate(0))
     measured = {}
     for g, cases_g in enumerate(groups):
-        measured.update(_measure_group(cases_g, repeats, threads, lambda text, g=g: say(f"[group {g + 1}/{len(groups)}] {text}")))
+        tell = lambda text, g=g: say(f"[group {g + 1}/{len(groups)}] {text}")  # noqa: E731
+        measured.update(_measure_group(cases_g, repeats, threads, tell))
         hws.append(calibrate(g + 1))
     local.save_local(hws[-1])
     modules.clear()  # the matrices are no longer needed
