@@ -23,7 +23,7 @@ import torch
 from attnlab.errors import AttnlabError
 
 DEVICES = ("cpu", "cuda")
-DTYPES = ("fp32", "bf16", "fp16", "int8")  # int8 is weight-only: its activations run in bf16
+DTYPES = ("fp32", "bf16", "fp16", "int8")  # int8: int8 weights, bf16 activations (engine/quantize.py)
 
 
 # An AVX2-only machine, emulated on a wider CPU: torch's kernels, oneDNN (bf16 and prepacked matmuls) and MKL (fp32
@@ -198,7 +198,7 @@ def faster_under_autocast(step, rounds: int = 2) -> bool:
 
 
 def fast_dtypes(device: str | torch.device = "cpu") -> tuple[str, ...]:
-    """The inference dtypes worth running on ``device``: fp32 always; bf16 and int8 weight-only (bf16
+    """The inference dtypes worth running on ``device``: fp32 always; bf16 and int8 (int8 weights, bf16
     activations) only where bf16 is native. A default or a sweep picks from these and nothing else."""
     return ("fp32", "bf16", "int8") if native_bf16(device) else ("fp32",)
 
@@ -219,7 +219,7 @@ def check_dtype(name: str, device: str | torch.device = "cpu") -> str | None:
     elif native_bf16(device):
         return None
     else:
-        what = "bf16" if name == "bf16" else "int8 weight-only, whose activations run in bf16,"
+        what = "bf16" if name == "bf16" else "int8, whose activations run in bf16,"
         if device.type == "cuda":
             where, cost = f"this GPU ({torch.cuda.get_device_name(device)}) has no native bf16", "far slower than fp32"
         else:
@@ -228,7 +228,7 @@ def check_dtype(name: str, device: str | torch.device = "cpu") -> str | None:
                      "(no avx512_bf16 or AMX)")
             cost = "about 100x slower than fp32"
         message = (f"--dtype {name}: {where}, so {what} is emulated, {cost}. "
-                   "int8 weight-only runs bf16 activations too, so here fp32 is the fast choice: use --dtype fp32")
+                   "int8 runs bf16 activations too, so here fp32 is the fast choice: use --dtype fp32")
     warnings.warn(message, EmulatedDtypeWarning, stacklevel=2)
     return message
 

@@ -249,6 +249,34 @@ def test_int8_linear_many_rows_as_integers_is_within_the_activations_rounding(ac
     assert ((got.double() - emulated).abs() <= slack + 1e-12).all()
 
 
+def test_int8_linear_w8a8_passes_inf_and_nan_on_as_a_float_product_does(int8_many_path):
+    """A row holding an inf or a NaN has no integer step: w8a8 hands such a call to the widened product, which
+    passes them on as any float model does (NaN where a NaN or inf times a weight reaches an output), and leaves
+    the finite rows of the same call as the widened product computes them."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48)
+    int8_many_path("w8a8")
+    q = Int8Linear(lin, torch.bfloat16)
+    x = torch.randn(40, 64, dtype=torch.bfloat16)
+    x[3, 5], x[9, 0] = float("inf"), float("nan")
+    got = q(x)
+    widened = q._many_rows("widen", x)
+    assert torch.equal(got.isnan(), widened.isnan()) and got[9].isnan().all() and not got[3].isfinite().any()
+    finite = torch.ones(40, dtype=torch.bool)
+    finite[[3, 9]] = False
+    assert torch.equal(got[finite], widened[finite])
+
+
+def test_int8_linear_keeps_no_integer_copy_where_widen_runs(int8_many_path):
+    """The (in, out) int8 copy that w8a8 reads is made only where w8a8 runs: a matrix whose choice is widen for
+    every kind of call, measured before or just now, holds its int8 weight once."""
+    lin = torch.nn.Linear(64, 48)
+    int8_many_path("widen")
+    assert not hasattr(Int8Linear(lin, torch.bfloat16), "weight_in_out")
+    int8_many_path("w8a8")
+    assert Int8Linear(lin, torch.bfloat16).weight_in_out.shape == (64, 48)
+
+
 @pytest.mark.parametrize("path", ["matmul", "onednn", "mkl", "mv"])
 @pytest.mark.parametrize("rows", [1, 4, 9])
 @pytest.mark.parametrize("bias", [False, True])

@@ -30,7 +30,10 @@ def test_few_rows_linear_matches_fp32_arithmetic_and_a_batch_equals_each_row_alo
         torch.testing.assert_close(y32, x @ w.t() + bias, atol=1e-4, rtol=1e-4)
         assert torch.equal(y32, torch.cat([native.linear(x[i:i + 1], w, NONE, bias) for i in range(m)]))
         yq = native.linear(x, q, scale, bias)
-        torch.testing.assert_close(yq, x @ (q.float() * scale[:, None]).t() + bias, atol=1e-4, rtol=1e-4)
+        if native.int8_rows_as_int16():
+            assert torch.equal(yq, int16_rows_emulated(x, q, scale, bias))
+        else:
+            torch.testing.assert_close(yq, x @ (q.float() * scale[:, None]).t() + bias, atol=1e-4, rtol=1e-4)
         # every (row, channel) is the same sum in the same order, whatever rows share the call (rows go 4, 2, 1)
         assert torch.equal(y, torch.cat([native.linear(x[i:i + 1], wb, NONE, NONE) for i in range(m)]))
         assert torch.equal(yq, torch.cat([native.linear(x[i:i + 1], q, scale, bias) for i in range(m)]))
@@ -38,6 +41,54 @@ def test_few_rows_linear_matches_fp32_arithmetic_and_a_batch_equals_each_row_alo
     yb = native.linear(xb, wb, NONE, NONE)
     assert yb.dtype == torch.bfloat16
     torch.testing.assert_close(yb, (xb.float() @ wb.float().t()).to(torch.bfloat16), atol=0, rtol=2 ** -7)
+
+
+def int16_rows_emulated(x, q, scale, bias=None):
+    """The int8 kernel's arithmetic where it quantizes rows (VNNI): each row to int16 with step max|x| / 32767 (its
+    fp32 reciprocal, rounded to nearest even), the exact integer dot products, times the step in double, rounded to
+    fp32, then times the channel's scale and plus the bias in fp32."""
+    amax = x.abs().amax(1, keepdim=True)  # (M, 1)
+    inv = torch.where(amax > 0, (32767 / amax.double()).float(), torch.zeros_like(amax))
+    xq = torch.round(x * inv)  # fp32 product, half to even: as the kernel's conversion
+    dots = xq.double() @ q.double().t()  # (M, N): exact (every partial sum < 2^53)
+    y = (dots * (amax.double() / 32767)).float() * scale
+    return y if bias is None else y + bias
+
+
+@needs_kernel
+@pytest.mark.skipif(native is None or not native.int8_rows_as_int16(), reason="int8 rows meet fp32 weights here")
+def test_int8_rows_as_int16_are_exact_integers_within_half_a_step_and_pass_inf_and_nan_on():
+    """Where the int8 kernel quantizes each row to int16 (VNNI), each output is the exact integer dot product
+    scaled (the emulation, bit for bit, at widths past one 4,096-long integer chunk too), within half a step of
+    the row times the weight row's absolute sum of fp32 arithmetic on the same weights; a row of zeros gives the
+    bias; a row holding an inf or a NaN, or too small for an fp32 step, takes the fp32 path alone (passing an inf
+    or a NaN on), and the rows beside it are as they are alone."""
+    g = torch.Generator().manual_seed(3)
+    for n, k in ((12, 4096 + 80), (9, 8192 + 32), (5, 47)):
+        w = torch.randn(n, k, generator=g)
+        scale = w.abs().amax(1) / 127
+        q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        wq = q.double() * scale.double()[:, None]
+        x = torch.randn(6, k, generator=g) * torch.logspace(-2, 3, 6)[:, None]  # rows of every scale
+        x[2] = 0
+        x[4, 3] = 300.0 * x[4].abs().max()  # one outlier: every other entry of its row rounds on a coarse step
+        got = native.linear(x, q, scale, NONE)
+        assert torch.equal(got, int16_rows_emulated(x, q, scale))
+        assert torch.equal(got[2], torch.zeros(n))
+        exact = x.double() @ wq.t()
+        step = x.double().abs().amax(1, keepdim=True) / 32767
+        bound = step / 2 * wq.abs().sum(1) + 1e-6 * exact.abs() + 1e-30
+        assert ((got.double() - exact).abs() <= bound).all()
+    x = torch.randn(4, 47, generator=g)
+    x[0, 3], x[1, 40] = float("inf"), float("nan")
+    x[3] *= 1e-36  # too small a largest entry for an fp32 reciprocal: the fp32 path, not garbage
+    got = native.linear(x, q, scale, NONE)
+    assert not got[0].isfinite().any() and got[1].isnan().all()
+    assert torch.equal(got[2], int16_rows_emulated(x[2:3], q, scale)[0])  # the rows beside are as alone
+    for r in range(4):
+        assert torch.equal(got[r].nan_to_num(), native.linear(x[r:r + 1], q, scale, NONE)[0].nan_to_num())
+    torch.testing.assert_close(got[3].double(), (x[3:4].double() @ (q.double() * scale.double()[:, None]).t())[0],
+                               rtol=1e-5, atol=0)
 
 
 @needs_kernel

@@ -1,11 +1,12 @@
-"""Weight precision for inference: fp32, bf16, or int8 weight-only quantization with per-channel scales.
+"""Weight precision for inference: fp32, bf16, or int8 weights with per-channel scales.
 
 Decode reads every weight once per token, so its speed is bounded by bytes of weights / memory
-bandwidth: bf16 halves the bytes, int8 quarters them. int8 here is weight-only (as in gpt-fast) where
-decode meets it: each output channel c of a Linear keeps w_q[c] = round(w[c] / s_c), s_c = max|w[c]| / 127,
-and a few-row matmul runs with bf16 activations through torch's int8-weight kernel
-(``_weight_int8pack_mm``) or attnlab's, so no fp32 copy of the weights is ever materialised. A many-row call (a
-prefill) is compute-bound instead, and may quantize its activations too (Int8Linear's ``w8a8``).
+bandwidth: bf16 halves the bytes, int8 quarters them. int8 keeps its activations in bf16 (as gpt-fast does): each
+output channel c of a Linear keeps w_q[c] = round(w[c] / s_c), s_c = max|w[c]| / 127, and a few-row matmul runs
+through torch's int8-weight kernel (``_weight_int8pack_mm``) or attnlab's (which, on a CPU with VNNI, meets each
+row quantized to int16 for the product: kernels/few_rows.cpp), so no fp32 copy of the weights is ever
+materialised. A many-row call (a prefill) is compute-bound instead, and may quantize its activations to int8
+(Int8Linear's ``w8a8``).
 """
 from __future__ import annotations
 
@@ -217,8 +218,9 @@ class Int8Linear(nn.Module):
 
     Two kernels, the faster at ``rows`` rows kept by measurement (per shape and row count, once per process, as
     DenseLinear): ``int8pack``, torch's ``_weight_int8pack_mm`` (bf16 activations), and ``few_rows``, attnlab's
-    compiled kernel (attnlab/kernels: int8 widened in registers, fp32 arithmetic, up to kernels.MAX_ROWS rows;
-    more rows go to int8pack). Both use the same int8 weights and the same (bf16-rounded) scales.
+    compiled kernel (attnlab/kernels: int8 widened in registers in fp32 arithmetic, or on a CPU with VNNI exact
+    integer sums against rows quantized to int16; up to kernels.MAX_ROWS rows; more rows go to int8pack). Both use
+    the same int8 weights and the same (bf16-rounded) scales.
 
     From ``MANY_ROWS`` rows (a prefill, a long verification) such a call is compute-bound, and int8pack's kernel is a
     vector loop, so from a few dozen rows one of two dense products wins, the faster kept per shape and kind of call
@@ -267,10 +269,16 @@ class Int8Linear(nn.Module):
 
     def _choose_many(self, act_dtype: torch.dtype) -> None:
         """Time ``widen`` and ``w8a8`` at each bucket's probe rows (once per shape and process), keep the faster;
-        the (in, out) int8 copy that ``w8a8`` reads is kept only where it runs."""
+        the (in, out) int8 copy that ``w8a8`` reads is made only to time it or where it runs."""
+        keys = {kind: (self.in_features, self.out_features, self.bias is not None, act_dtype, kind)
+                for kind in many_rows.PROBE_ROWS}
+        if all(key in self._many_chosen for key in keys.values()) and \
+                "w8a8" not in (self._many_chosen[key] for key in keys.values()):
+            self.many = {kind: self._many_chosen[key] for kind, key in keys.items()}  # widen throughout: no copy
+            return
         self.weight_in_out = self.weight.t().contiguous()  # (in, out): _int_mm's layout for its second operand
         for kind, rows in many_rows.PROBE_ROWS.items():
-            key = (self.in_features, self.out_features, self.bias is not None, act_dtype, kind)
+            key = keys[kind]
             if key not in self._many_chosen:
                 x = torch.randn(rows, self.in_features).to(act_dtype)
                 best, best_s = "widen", float("inf")
@@ -292,6 +300,10 @@ class Int8Linear(nn.Module):
         if path == "w8a8":
             xf = x2.float()
             s = xf.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127.0)  # (M, 1): each row's step
+            if not bool(torch.isfinite(s).all()):
+                # an inf or NaN has no integer step: the rows would come back as garbage, not as the inf or NaN
+                # that a float product passes on; the widened product passes them on as any float model does
+                return self._many_rows("widen", x2)
             xq = torch.div(xf, s).round_().to(torch.int8)
             y = torch._int_mm(xq, self.weight_in_out).to(torch.float32).mul_(s).mul_(self._scale32)  # (M, out)
             if self.bias is not None:
@@ -362,7 +374,8 @@ def set_precision(model: nn.Module, dtype: str, layout: bool = True, rows: int =
     """The model ready for inference, as an InferenceModel (engine/fast) around it; the model's weights are converted
     in place (no training afterwards).
 
-    dtype: fp32 | bf16 | fp16 | int8 (weight-only, bf16 activations). ``layout`` (dense dtypes, transformer
+    dtype: fp32 | bf16 | fp16 | int8 (int8 weights, bf16 activations; a prefill may quantize its activations too:
+    Int8Linear's w8a8). ``layout`` (dense dtypes, transformer
     family) switches Linears to the decode-friendly layout of DenseLinear, prepared for calls of ``rows`` rows
     (1: plain decoding; k+1: a speculative target's verify pass; with ``varying``, anything from 1 to ``rows``:
     a server's batch). ``compiled``: decode steps through the compiled block step where it applies (False: the
@@ -398,7 +411,8 @@ def cache_dtype(model: nn.Module, dtype: str) -> torch.dtype | None:
 
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of parameters and buffers as stored (a tied matrix once; a DenseLinear's matrix once, at its dense
-    size, whatever layout holds it)."""
+    size, whatever layout holds it): what a decode step reads. An Int8Linear's (in, out) copy for w8a8 prefills is
+    left out (decode never reads it; it adds the int8 matrix's bytes again to the memory held)."""
     seen, total = set(), 0
     for m in model.modules():
         if isinstance(m, DenseLinear):

@@ -1,8 +1,9 @@
 """Kernels attnlab compiles on the machine that runs them (once, cached), with torch's kernels as the fallback.
 
 ``native()`` returns the compiled module, or None where it cannot be had. It holds ``linear`` (few_rows.cpp: a few
-rows times an fp32, bf16 or int8 weight, in fp32 arithmetic: the decode-sized product torch's own kernels stream
-slowly on the CPUs here), ``decode_attention`` (decode_attention.cpp: one query per row over each row's own keys,
+rows times an fp32, bf16 or int8 weight, in fp32 arithmetic, or for int8 where ``int8_rows_as_int16()`` (VNNI) in
+exact integer sums against rows quantized to int16: the decode-sized product torch's own kernels stream slowly on
+the CPUs here), ``decode_attention`` (decode_attention.cpp: one query per row over each row's own keys,
 contiguous or paged, fp32 or bf16, every row and head in one call), ``block_decode``
 (block_step.cpp: a transformer block's whole decode step, cache write and attention included, in one call),
 ``block_pre`` / ``block_post`` (the same step in two calls around Python's attention, where the cache cannot

@@ -11,7 +11,7 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &few_rows_linear,
-        "x @ w^T * scale + bias for a few rows, with an fp32, bf16 or int8 weight, in fp32 arithmetic");
+        "x @ w^T * scale + bias for a few rows, with an fp32, bf16 or int8 weight (int8: see int8_rows_as_int16)");
   m.def("block_pre", &block_pre, "a decode step's norm and q/k/v projection of one pre-norm block");
   m.def("block_post", &block_post, "a decode step's output projection, residual, norm, MLP and residual of one block");
   m.def("block_decode", &block_decode, "a block's whole decode step: pre, rotary, cache write, attention, post");
@@ -21,6 +21,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_apply", &rope_apply, "rotate-half rotary over (B, H, T, D), or its inverse, fp32");
   m.def("evict", &evict, "flush a tensor's bytes from every cache level");
   m.def("lanes", []() { return int64_t(attnlab::VW); }, "fp32 lanes of one vector in this build");
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  m.def("int8_rows_as_int16", []() { return true; }, "linear's int8 weights meet int16-quantized rows (VNNI)");
+#else
+  m.def("int8_rows_as_int16", []() { return false; }, "linear's int8 weights meet fp32 rows (no VNNI here)");
+#endif
   m.def("prefill_attention", &prefill_attention, "causal attention of T new queries per row over S >= T keys, fp32",
         py::call_guard<py::gil_scoped_release>());  // milliseconds a layer: a server's event loop runs meanwhile
   m.def("ssm_scan_forward", &ssm_scan_forward, "the selective SSM's sequential scan, states in registers, fp32",

@@ -11,8 +11,9 @@
 //   post:   h = x + attn @ Wo^T + bo;  y = h + mlp(norm2(h)),  mlp = W2 gelu_tanh(W1 .) or W2 (silu(W1 .) * W3 .)
 //
 // All arithmetic in fp32 (the residual stream is widened once on entry and rounded once on exit to its dtype), the
-// linears by few_rows.cpp's `run` (or torch's product for a weight kept (in, out)), so each row's result is
-// independent of the other rows in the call.
+// linears by few_rows.cpp's `run` (int8 weights, where the CPU has VNNI, against rows quantized to int16 in exact
+// integer sums; or torch's product for a weight kept (in, out)), so each row's result is independent of the other
+// rows in the call.
 #pragma once
 
 #include <torch/extension.h>

@@ -109,7 +109,9 @@ def compiled_prefill(q, k, v, scale: float, widen: bool = False):
         paths.fell_back("prefill_attention", f"head_dim {q.shape[-1]} is not 1 to 8 vectors of {mod.lanes()}")
         return None
     if narrow:
-        q, k, v = q.float(), k.float(), v.float()  # each dense in (B, H, S, D) unless it was a dense permutation
+        # .float() keeps a dense tensor's strides (a view of the fused projection that is not dense is copied
+        # contiguous), so each widened copy is in a layout the checks below read, as its narrow original was
+        q, k, v = q.float(), k.float(), v.float()
     if k.stride(-2) != v.stride(-2):
         # RoPE writes the rotated keys to fresh (B, S, Hkv, D) memory while v is still a view of the fused
         # projection; copying v into that layout (k is in it already: no copy) costs less than torch's kernel saves
