@@ -108,8 +108,13 @@ def native():
         name = f"attnlab_native_{_cpu_key()}_{_sources_hash()}"  # a change of either: a build of its own
         folder = Path(ext._get_build_directory(name, verbose=False))
         built = folder / f"{name}.so"
-        lock = folder / "lock"  # torch's build lock: a build killed midway leaves it, and every later one would wait
-        if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:  # on it forever
+        # A torch whose build lock is a file that blocks by existing (FileBaton) leaves it behind when a build is
+        # killed midway, and every later build would wait on it forever. A torch that holds an OS lock on the file
+        # (FileLock) keeps the file between builds and the OS frees the lock with its holder: nothing to remove
+        # there, and removing it could let two builds run at once.
+        lock = folder / "lock"
+        existence_lock = hasattr(ext, "FileBaton") and not hasattr(ext, "FileLock")
+        if existence_lock and lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
             print(f"attnlab: removing a stale kernel build lock ({lock}, from a build that did not finish)",
                   file=sys.stderr, flush=True)
             lock.unlink(missing_ok=True)
