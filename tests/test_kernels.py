@@ -69,7 +69,8 @@ def test_int8_rows_as_int16_are_exact_integers_within_half_a_step_and_pass_inf_a
         scale = w.abs().amax(1) / 127
         q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
         wq = q.double() * scale.double()[:, None]
-        x = torch.randn(6, k, generator=g) * torch.logspace(-2, 3, 6)[:, None]  # rows of every scale
+        # 7 rows: a group of 4 and one of 3, across the 4,096-long integer chunks too
+        x = torch.randn(7, k, generator=g) * torch.logspace(-2, 3, 7)[:, None]  # rows of every scale
         x[2] = 0
         x[4, 3] = 300.0 * x[4].abs().max()  # one outlier: every other entry of its row rounds on a coarse step
         got = native.linear(x, q, scale, NONE)
@@ -89,6 +90,21 @@ def test_int8_rows_as_int16_are_exact_integers_within_half_a_step_and_pass_inf_a
         assert torch.equal(got[r].nan_to_num(), native.linear(x[r:r + 1], q, scale, NONE)[0].nan_to_num())
     torch.testing.assert_close(got[3].double(), (x[3:4].double() @ (q.double() * scale.double()[:, None]).t())[0],
                                rtol=1e-5, atol=0)
+    xb = x.to(torch.bfloat16)  # bf16 rows in, bf16 out: the inf and NaN rows' fp32 path writes bf16 rows too
+    gotb = native.linear(xb, q, scale, NONE)
+    assert gotb.dtype == torch.bfloat16 and not gotb[0].isfinite().any() and gotb[1].isnan().all()
+    assert torch.equal(gotb[2], int16_rows_emulated(xb[2:3].float(), q, scale)[0].to(torch.bfloat16))
+
+
+@pytest.mark.skipif(native is None or not native.int8_rows_as_int16(), reason="int8 rows meet fp32 weights here")
+def test_int8_rows_as_int16_sum_the_largest_products_without_overflow():
+    """Every product at its largest (32767 * -128) over two 4,096-long chunks and a tail: an int32 lane holds a
+    chunk's share (1.07e9 < 2^31), the chunks add in int64, so the sum is exact where one int32 sum would wrap."""
+    k = 2 * 4096 + 16
+    q = torch.full((4, k), -128, dtype=torch.int8)
+    x = torch.ones(3, k)
+    got = native.linear(x, q, torch.ones(4), NONE)
+    assert torch.equal(got, torch.full((3, 4), -128.0 * k))
 
 
 @needs_kernel
