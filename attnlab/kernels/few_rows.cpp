@@ -52,8 +52,11 @@ inline void block(const float* x, const W* w, int64_t n, int64_t m0, int64_t K, 
     for (int i = 0; i < RB; i++) {
       // Ask for the same place PF_ROWS rows on (two blocks ahead, where this thread goes next): without it the
       // streams ran at 16-20 GB/s here, with it 29-31 (GPT-2 small's 12 layers at one row, 2 threads: bf16
-      // 8.6 -> 5.8 ms, int8 3.8 -> 2.7 ms). A prefetch past the matrix's end is harmless (it never faults).
-      _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + PF_ROWS * K), _MM_HINT_T0);
+      // 8.6 -> 5.8 ms, int8 3.8 -> 2.7 ms). Into L2 (T1), not L1: two blocks ahead is 8 rows of K weights, at
+      // K = 768 fp32 half of L1 beside the block in use, so prefetches into L1 evicted lines still to be read
+      // (docs/engine.md: 1.25x fp32, 1.5x int8 at one row). A prefetch past the matrix's end is harmless (it never
+      // faults).
+      _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + PF_ROWS * K), _MM_HINT_T1);
       wv[i] = load_w(wr[i] + k);
     }
     for (int m = 0; m < MB; m++) {
@@ -162,7 +165,7 @@ inline void block_i16(const int16_t* xq, const int8_t* w, int64_t n, int64_t m0,
     for (int64_t k = k0; k < k1; k += 32) {
       __m512i wv[RB];
       for (int i = 0; i < RB; i++) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + PF_ROWS * K), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + PF_ROWS * K), _MM_HINT_T1);  // as block's, into L2
         wv[i] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + k)));
       }
       for (int m = 0; m < MB; m++) {
