@@ -25,11 +25,12 @@ TINY_CALIBRATION = {"widths": (40, 72), "prefill_rows": (12, 36), "decode_rows":
 def tiny_calibration(monkeypatch, tmp_path):
     """The real micro-benchmarks at tiny shapes (seconds), on one thread (on a shared 2-core machine a second
     thread waits for its partner on every tiny kernel), the cache in a temporary folder."""
-    from attnlab.measure import calibrate
+    from attnlab.measure import attention_tables, calibrate, composition, elementwise_tables, matmul_tables
 
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(calibrate, "CALIBRATION", TINY_CALIBRATION)
-    monkeypatch.setattr(calibrate, "ATTENTION_COLD_BYTES", 2 ** 18)
+    for module in (calibrate, matmul_tables, attention_tables, elementwise_tables, composition):
+        monkeypatch.setattr(module, "CALIBRATION", TINY_CALIBRATION)
+    monkeypatch.setattr(attention_tables, "ATTENTION_COLD_BYTES", 2 ** 18)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield tmp_path
@@ -68,12 +69,12 @@ def test_local_hardware_is_measured_and_cached(tiny_calibration):
     assert cpu.prefill_s(a, 2, 10, hw.micro, "fp32", ops, "cpu")["total"] == pytest.approx(plain["total"] * ratio)
     # a later calibration keeps the whole models' timings and predicts them afresh from its own tables: a table
     # read twice as slow doubles the predicted sums, and the ratio halves with them
-    from attnlab.measure import calibrate
+    from attnlab.measure.composition import composition
 
     slower = json.loads(json.dumps(hw.micro))
     for row in slower["linear"]["fp32"]["decode"]:
         row[-1] = {k: v * 2 for k, v in row[-1].items()} if isinstance(row[-1], dict) else row[-1]
-    again = calibrate.composition(("fp32",), slower, hw.micro["composition"])
+    again = composition(("fp32",), slower, hw.micro["composition"])
     (_, _, _, _, kept, resummed), = [r for r in again["rows"] if r[3] == "fp32"]
     assert kept == measured and resummed["cpu"]["decode"] > summed["cpu"]["decode"]
 
@@ -141,7 +142,8 @@ def test_error_arithmetic_and_summary():
 
 def _synthetic_micro(flops=1e11, stream=1e10, overhead=1e-5):
     """Calibration figures made up so that every rate is one constant: then a prediction is plain arithmetic."""
-    from attnlab.measure.calibrate import CALIBRATION, elementwise_elements
+    from attnlab.measure.elementwise_tables import elementwise_elements
+    from attnlab.measure.micro import CALIBRATION
 
     t = lambda s: {"wall": s, "cpu": s, "wall_min": s}  # noqa: E731
     zero = t(0.0)
@@ -326,7 +328,7 @@ def test_validate_produces_the_table_and_the_summary(monkeypatch, tmp_path, caps
     failed = validation_log.load(runs)[-1]
     assert len(validation_log.load(runs)) == 3 and failed["met"] is False and "killed" in failed["error"]
     assert failed["median"] is None and runs.read_bytes().startswith(first)
-    from attnlab.measure.calibrate import CALIBRATION
+    from attnlab.measure.micro import CALIBRATION
     assert printed["calibration_shapes"]["widths"] == list(CALIBRATION["widths"])
 
 

@@ -39,7 +39,7 @@ def calibrate(dtypes: tuple[str, ...] | None = None, modules: dict | None = None
     """Measure this machine now with the micro-benchmarks of ``calibrate`` (matmul throughput and weight streaming
     per dtype, attention, elementwise kernels, per-op overhead, memory bandwidth; each at shapes no validated model
     uses). ``dtypes``: fp32 and whichever of bf16 / int8 this CPU runs natively (runtime.fast_dtypes).
-    ``modules``: matrices kept between calibrations in one process (calibrate.linear_tables). ``cancel``: an Event
+    ``modules``: matrices kept between calibrations in one process (matmul_tables.linear_tables). ``cancel``: an Event
     that stops the measuring early (``micro.Cancelled`` is raised; see calibrate.run). ``composed``: an earlier
     calibration's whole-model ratios to keep (calibrate.run)."""
     import torch

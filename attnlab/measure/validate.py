@@ -215,7 +215,7 @@ def rows_for(case: Case, measured: dict, micros: list[dict], clock: str) -> list
     return rows
 
 
-PROCESSES = 3  # fresh processes per case, as the calibration's whole models (calibrate.composition)
+PROCESSES = 3  # fresh processes per case, as the calibration's whole models (composition.composition)
 
 
 def _run_child(case: Case, repeats: int, threads: int) -> dict:
@@ -286,7 +286,7 @@ def validate(seed: int, cases=None, repeats: int = 5, group: int | None = None, 
     def calibrate(n):
         say(f"calibration {n + 1}/{len(groups) + 1} ({', '.join(dtypes)}; micro-benchmarks only)")
         # the whole models run once, in the first; each later calibration predicts their timings afresh from its own
-        # tables (calibrate.composition)
+        # tables (composition.composition)
         return local.calibrate(dtypes, modules, composed=hws[0].micro.get("composition") if n else None)
 
     hws: list = []
