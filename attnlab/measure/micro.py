@@ -15,10 +15,7 @@ MiB = 2 ** 20
 CALIBRATION = {
     "widths": (96, 320, 1280),  # W: a layer's matrices W x 3W, W x W, W x 4W, 4W x W
     "prefill_rows": (48, 320, 1536),  # M for the prefill matmul table (skipped above PREFILL_FLOP_CAP)
-    # Rows of the decode (weight-streaming) table. 4 as well as 1 and 8: the few-row kernel takes rows in groups of
-    # 4, so its time per weight grows with the rows (a narrow dtype's conversion is paid per group) while its bytes
-    # do not; read linearly between 1 and 8 alone, a bf16 step of 5-6 rows was predicted 34-48% fast (docs/cost.md).
-    "decode_rows": (1, 4, 8),
+    "decode_rows": (1, 8),  # rows of the decode (weight-streaming) table (docs/cost.md: a 4-row entry did not help)
     # Total weights cycled through by the decode table: up to 640 MiB, beyond a server CPU's last-level cache
     # (hundreds of MiB), so the largest sets read from DRAM as a large model's decode does; a table that stops
     # inside the cache predicts every larger model too fast.
