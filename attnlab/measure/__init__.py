@@ -3,8 +3,7 @@
 ``cost/`` is a pure library (calibration data in, seconds out); everything here runs code and reads a clock, through
 ``attnlab.timing``:
 
-- ``micro``, ``calibrate``: the micro-benchmarks at shapes no validated model uses, and what they share; their
-  tables: ``matmul_tables``, ``attention_tables``, ``elementwise_tables``, ``composition`` (whole models);
+- ``micro``, ``calibrate``: the micro-benchmarks at shapes no validated model uses, and what they share;
 - ``engine_timing``: the engine timed as a user waits for it, the overhead probe, the pace pulse;
 - ``local``: the measured ``local`` hardware spec, cached on disk;
 - ``trace``: the dispatch-level tracer that counts the ops a forward runs (claim 1's depth, the op counts);
