@@ -1,7 +1,7 @@
 """Micro-benchmarks that calibrate the ``local`` hardware spec, at shapes no validated model uses.
 
 Each benchmark runs one kind of kernel the engine runs, through the engine's own modules, at the shapes listed
-in ``CALIBRATION`` below, and nothing else: never a whole model of a validated size. (The overhead probe is a
+in ``micro.CALIBRATION``, and nothing else: never a whole model of a validated size. (The overhead probe is a
 whole model, but one 16 wide, which ``attnlab cost --validate`` never validates.) What is measured:
 
 - ``linear_prefill``: seconds for one layer's four matrices (W x 3W, W x W, W x 4W, 4W x W, through DenseLinear)

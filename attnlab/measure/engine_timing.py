@@ -1,6 +1,6 @@
 """The engine timed as a whole, from outside, as a user waits for it (``time_generate``), and the pace of the
 machine beside it (``Pulse``): the calibration's overhead probe (``probe``, a 16-wide model) and ``attnlab cost
---validate``'s cases use them. The per-kernel micro-benchmarks are in calibrate.py."""
+--validate``'s cases use them. The per-kernel micro-benchmarks are run by calibrate.py (the *_tables.py modules)."""
 from __future__ import annotations
 
 import statistics
