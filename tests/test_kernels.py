@@ -224,6 +224,64 @@ def test_the_compiled_gelu_is_torchs_tanh_gelu_in_place_and_under_autograd():
 
 
 @needs_kernel
+def test_the_compiled_gelu_on_bf16_rounds_its_fp32_value_once_and_is_no_further_from_the_truth_than_torchs():
+    """A bf16 activation (an int8 model's prefill): each value widened, its GELU in fp32, rounded once. Against
+    float64's GELU rounded to bf16 it may differ by the fp32 formula's error at a rounding boundary (rarely), and
+    no more often than torch's bf16 GELU does; infs and NaNs go through as the fp32 kernel passes them."""
+    from attnlab.models.layers import gelu_tanh_
+
+    torch.manual_seed(0)
+    x = (torch.randn(256, 1024) * 4).to(torch.bfloat16)
+    x[0, :4] = torch.tensor([float("nan"), float("inf"), 0.0, -0.0])
+    with torch.no_grad():
+        got = gelu_tanh_(x.clone())
+    assert got.dtype == torch.bfloat16
+    xd = x.double()
+    truth = (xd / (1 + torch.exp(-2 * 0.7978845608028654 * (xd + 0.044715 * xd ** 3)))).to(torch.bfloat16)
+    fin = x.isfinite()
+    ours = (got[fin] != truth[fin]).float().mean().item()
+    torchs = (torch.nn.functional.gelu(x, approximate="tanh")[fin] != truth[fin]).float().mean().item()
+    assert ours < 0.02 and ours <= torchs  # 0.6% against torch's 13% here (its 1 + tanh cancels for v < 0)
+    # one bf16 step at most, or the fp32 kernel's absolute tolerance where the value is tiny (its exponent is
+    # clamped at 87, so far below -10 it returns v / (1 + e^87) for a true value nearer 0)
+    step = truth[fin].float().abs() * 2 ** -7 + 1e-6
+    assert ((got[fin].float() - truth[fin].float()).abs() <= step).all()
+    assert got[0, 0].isnan() and got[0, 1] == float("inf") and got[0, 2] == 0
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M, K, N", [(512, 768, 1024), (37, 3072, 40), (5, 61, 77)])  # tails of the lanes in K and N
+def test_int8_row_quantization_and_scaling_are_torchs_ops_bit_for_bit(dtype, M, K, N):
+    """quantize_rows_int8 and scale_rows_int32 (Int8Linear's w8a8 ends) equal the torch ops they replace, bit for
+    bit: rows of every scale, a zero row, and a row with an inf or a NaN flagged (no integer step), the others
+    unchanged by it."""
+    torch.manual_seed(0)
+    x = (torch.randn(M, K) * torch.logspace(-6, 3, M)[:, None]).to(dtype)  # (M, K): rows of every scale
+    x[min(2, M - 1)] = 0
+    q, step, finite = native.quantize_rows_int8(x)
+    xf = x.float()
+    want_step = xf.abs().amax(1, keepdim=True).clamp_(min=1e-12).div_(127.0)  # (M, 1)
+    assert finite and torch.equal(step, want_step)
+    assert torch.equal(q, torch.div(xf, want_step).round_().to(torch.int8))
+    acc = torch.randint(-2 ** 24, 2 ** 24, (M, N), dtype=torch.int32)
+    scale, bias = torch.rand(N) / 100, torch.randn(N)
+    for b in (bias, NONE):
+        want = acc.to(torch.float32).mul_(want_step).mul_(scale)
+        if b.numel():
+            want.add_(b)
+        assert torch.equal(native.scale_rows_int32(acc, want_step, scale, b, dtype), want.to(dtype))
+    x[0, 0], x[1, 1] = float("nan"), float("inf")
+    q2, step2, finite = native.quantize_rows_int8(x)
+    assert not finite and not step2[:2].isfinite().any() and torch.equal(step2[2:], step[2:])
+    assert torch.equal(q2[2:], q[2:])
+    with pytest.raises(RuntimeError, match="fp32 or bf16"):
+        native.quantize_rows_int8(x.to(torch.float16))
+    with pytest.raises(RuntimeError, match="one fp32 scale per column"):
+        native.scale_rows_int32(acc, step, scale[:-1], NONE, dtype)
+
+
+@needs_kernel
 @pytest.mark.parametrize("B,T,H,D", [(3, 37, 4, 16), (1, 5, 3, 128), (2, 1, 2, 64)])
 def test_the_compiled_rotary_is_torchs_bit_for_bit_and_its_gradient_too(B, T, H, D):
     """positional.apply_rotary through rope.cpp == the torch formula exactly, on heads that are a strided view of a

@@ -8,7 +8,8 @@ contiguous or paged, fp32 or bf16, every row and head in one call), ``block_deco
 (block_step.cpp: a transformer block's whole decode step, cache write and attention included, in one call),
 ``block_pre`` / ``block_post`` (the same step in two calls around Python's attention, where the cache cannot
 say where its keys go), ``gelu_tanh_`` / ``gelu_tanh_forward`` / ``gelu_tanh_backward`` (activations.h: the
-prefill's GELU in place, training's forward and backward), ``rope_apply`` (rope.cpp: rotary over a whole
+prefill's GELU in place, fp32 or bf16, training's forward and backward), ``quantize_rows_int8`` /
+``scale_rows_int32`` (int8_rows.cpp: the two ends of Int8Linear's integer prefill product), ``rope_apply`` (rope.cpp: rotary over a whole
 (B, H, T, D) tensor, or its transpose), ``evict`` (evict.cpp: flush a
 tensor from the caches, for cold timings) and ``ssm_scan_forward`` / ``ssm_scan_backward`` (ssm_scan.cpp: the SSM's
 sequential scan with each channel's state in registers). None: no C++ compiler or Python headers, a failed build, or
@@ -27,7 +28,8 @@ from pathlib import Path
 
 SOURCES = [Path(__file__).with_name(n) for n in ("few_rows.cpp", "decode_attention.cpp", "prefill_attention.cpp",
                                                    "block_step.cpp", "ssm_scan.cpp", "rope.cpp",
-                                                   "activations.h", "evict.cpp", "bindings.cpp", "simd.h")]
+                                                   "activations.h", "evict.cpp", "int8_rows.cpp", "bindings.cpp",
+                                                   "simd.h")]
 BUILT = Path(__file__).with_name("bindings.cpp")  # the one unit compiled: it includes the others
 # -ffp-contract=off: the compiler may not fuse a multiply and an add in one place and not in another, so every
 # (row, channel) sum rounds the same way whichever code path (rows in fours, twos, ones) computes it.

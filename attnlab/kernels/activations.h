@@ -22,13 +22,21 @@ inline vf gelu_v(vf v) {
   return v / (splat(1.f) + e);
 }
 
+inline float gelu_s(float v) {
+  return v / (1.f + std::exp(std::min(std::max(-2.f * 0.7978845608f * (v + 0.044715f * v * v * v), -87.f), 87.f)));
+}
+
 void gelu_tanh(const float* a, float* o, int64_t n) {  // o may be a
   int64_t i = 0;
   for (; i + VW <= n; i += VW) store_x(o + i, gelu_v(load_x(a + i)));
-  for (; i < n; i++) {
-    const float v = a[i];
-    o[i] = v / (1.f + std::exp(std::min(std::max(-2.f * 0.7978845608f * (v + 0.044715f * v * v * v), -87.f), 87.f)));
-  }
+  for (; i < n; i++) o[i] = gelu_s(a[i]);
+}
+
+// The same over bf16 in place: each value widened, its GELU in fp32, rounded once back to bf16.
+void gelu_tanh_bf16(uint16_t* p, int64_t n) {
+  int64_t i = 0;
+  for (; i + VW <= n; i += VW) store_bf16(p + i, gelu_v(load_w(p + i)));
+  for (; i < n; i++) p[i] = narrow(gelu_s(widen(p[i])));
 }
 
 // The gradient of gelu_v at v times g: with s = sigmoid(2u), d/dv [v s] = s + v s (1 - s) 2 du/dv,
@@ -88,11 +96,17 @@ torch::Tensor gelu_tanh_backward(torch::Tensor x, torch::Tensor g) {
   return out;
 }
 
-// GELU (tanh approximation) in place over a contiguous fp32 tensor, in parallel: the prefill's MLP activation.
-// torch's CPU gelu took 25 ms of a 425 ms GPT-2 small prefill of 512 tokens here (1.3 ns an element, 2 threads).
+// GELU (tanh approximation) in place over a contiguous fp32 or bf16 tensor, in parallel: the prefill's MLP
+// activation. torch's CPU gelu took 25 ms of a 425 ms GPT-2 small prefill of 512 tokens (1.3 ns an element, 2
+// threads); in bf16 (an int8 model's activations) 1.65 ms per 512 x 3072 against 0.34 here in fp32.
 void gelu_tanh_(torch::Tensor t) {
-  TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.device().is_cpu(),
-              "gelu_tanh_: a contiguous fp32 CPU tensor expected");
+  TORCH_CHECK((t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kBFloat16) && t.is_contiguous() &&
+              t.device().is_cpu(), "gelu_tanh_: a contiguous fp32 or bf16 CPU tensor expected");
+  if (t.scalar_type() == torch::kBFloat16) {
+    auto* p = reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
+    at::parallel_for(0, t.numel(), 1 << 14, [&](int64_t a, int64_t b) { gelu_tanh_bf16(p + a, b - a); });
+    return;
+  }
   float* p = t.data_ptr<float>();
   at::parallel_for(0, t.numel(), 1 << 14, [&](int64_t a, int64_t b) { gelu_tanh(p + a, p + a, b - a); });
 }

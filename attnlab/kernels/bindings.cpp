@@ -8,6 +8,7 @@
 #include "evict.cpp"
 #include "ssm_scan.cpp"
 #include "rope.cpp"
+#include "int8_rows.cpp"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &few_rows_linear,
@@ -15,7 +16,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_pre", &block_pre, "a decode step's norm and q/k/v projection of one pre-norm block");
   m.def("block_post", &block_post, "a decode step's output projection, residual, norm, MLP and residual of one block");
   m.def("block_decode", &block_decode, "a block's whole decode step: pre, rotary, cache write, attention, post");
-  m.def("gelu_tanh_", &gelu_tanh_, "GELU (tanh approximation) in place, fp32");
+  m.def("gelu_tanh_", &gelu_tanh_, "GELU (tanh approximation) in place, fp32 or bf16");
   m.def("gelu_tanh_forward", &gelu_tanh_forward, "GELU (tanh approximation) into a new tensor, fp32");
   m.def("gelu_tanh_backward", &gelu_tanh_backward, "the gradient of gelu_tanh_forward at x, times g, fp32");
   m.def("rope_apply", &rope_apply, "rotate-half rotary over (B, H, T, D), or its inverse, fp32");
@@ -32,5 +33,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("ssm_scan_backward", &ssm_scan_backward, "its gradients, the forward rerun per channel, fp32",
         py::call_guard<py::gil_scoped_release>());
+  m.def("quantize_rows_int8", &quantize_rows_int8, "each row to int8 with its own step max|x| / 127 (w8a8's input)");
+  m.def("scale_rows_int32", &scale_rows_int32, "int32 sums times each row's step and each column's scale, plus bias");
   m.def("decode_attention", &decode_attention, "one query per row over each row's own keys (paged or contiguous)");
 }

@@ -24,6 +24,7 @@ inline vf load_w(const uint16_t* p) {  // a bf16 is the upper half of an fp32
 inline vf load_w(const int8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p))); }
 inline vf load_w(const float* p) { return _mm512_loadu_ps(p); }
 inline void store_lanes(float* t, vf v) { _mm512_storeu_ps(t, v); }
+inline vf load_i32(const int32_t* p) { return _mm512_cvtepi32_ps(_mm512_loadu_si512(p)); }
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int VW = 8;
 using vf = __m256;
@@ -36,6 +37,7 @@ inline vf load_w(const uint16_t* p) {
 inline vf load_w(const int8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))); }
 inline vf load_w(const float* p) { return _mm256_loadu_ps(p); }
 inline void store_lanes(float* t, vf v) { _mm256_storeu_ps(t, v); }
+inline vf load_i32(const int32_t* p) { return _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)p)); }
 #else
 constexpr int VW = 1;
 using vf = float;
@@ -51,6 +53,7 @@ inline vf load_w(const uint16_t* p) {
 inline vf load_w(const int8_t* p) { return float(*p); }
 inline vf load_w(const float* p) { return *p; }
 inline void store_lanes(float* t, vf v) { *t = v; }
+inline vf load_i32(const int32_t* p) { return float(*p); }
 #endif
 
 inline float widen(uint16_t v) {
@@ -61,6 +64,31 @@ inline float widen(uint16_t v) {
 }
 inline float widen(int8_t v) { return float(v); }
 inline float widen(float v) { return v; }
+
+// fp32 -> bf16 bits, to nearest with ties to even, a NaN kept a (quiet) NaN: c10::BFloat16(float)'s rounding.
+inline uint16_t narrow(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+// VW lanes rounded to bf16 by narrow's rule.
+#if defined(__AVX512F__)
+inline void store_bf16(uint16_t* p, vf v) {
+  const __m512i u = _mm512_castps_si512(v);
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
+                                                   _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+  r = _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+#else
+inline void store_bf16(uint16_t* p, vf v) {
+  float t[VW];
+  store_lanes(t, v);
+  for (int i = 0; i < VW; i++) p[i] = narrow(t[i]);
+}
+#endif
 // The sums of four vectors' lanes at once, out[i] = sum of v[i]'s lanes, in a fixed order (halves added, then
 // pairs): each result depends on its own vector alone. One lane-by-lane sum per vector cost ~20 instructions, a
 // fifth of a 768-long bf16 dot product's work, and held K = 768 matrices (GPT-2's q/k/v, MLP-in, LM head) to
