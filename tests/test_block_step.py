@@ -197,6 +197,25 @@ def test_the_compiled_block_step_sees_narrow_norm_weights_change_in_place():
 
 
 @needs_kernel
+def test_the_block_steps_bf16_residual_is_widened_and_rounded_once_as_torch_converts_it():
+    """block_pre and block_post widen a bf16 x (and attention output) in the call and round the block's output once:
+    the same bits as handing them fp32 copies and converting the fp32 output with torch, whatever the layout."""
+    fast = set_precision(build_model(tiny(dim=32)).eval(), "bf16")
+    _decode_logits(fast, [[1, 2, 3]], 1)  # builds the plans
+    pre, post = fast.runner.plan(fast.model.backbone.blocks[0])
+    mod = kernels.native()
+    torch.manual_seed(0)
+    x = (torch.randn(3, 32) * 4).to(torch.bfloat16)
+    attn = (torch.randn(32, 3) * 4).to(torch.bfloat16).t()  # (3, 32), not contiguous
+    assert torch.equal(mod.block_pre(x, *pre), mod.block_pre(x.float(), *pre))
+    got = mod.block_post(x, attn, *post)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, mod.block_post(x.float(), attn.float().contiguous(), *post).to(torch.bfloat16))
+    with pytest.raises(RuntimeError, match="fp32 or bf16 activations"):
+        mod.block_pre(x.to(torch.float16), *pre)
+
+
+@needs_kernel
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_the_compiled_block_step_takes_several_new_tokens_a_row_causally(arch):
     """A few new tokens per row in one call (a short prefill, a speculative verification's k + 1), through one

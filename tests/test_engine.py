@@ -249,6 +249,28 @@ def test_int8_linear_many_rows_as_integers_is_within_the_activations_rounding(ac
     assert ((got.double() - emulated).abs() <= slack + 1e-12).all()
 
 
+def test_int8_linear_w8a8_gives_the_same_bits_with_the_compiled_ends_or_torchs_ops(int8_many_path, monkeypatch):
+    """Where the kernels build, w8a8 quantizes and scales in kernels/int8_rows.cpp; elsewhere torch's ops do the
+    same arithmetic: both give the same bits, and both send a row with a NaN to the widened product."""
+    from attnlab.engine import quantize
+
+    if quantize.kernels.native() is None:
+        pytest.skip("no compiled kernels here: the torch ops are the only path")
+    torch.manual_seed(0)
+    int8_many_path("w8a8")
+    for act, bias in ((torch.bfloat16, True), (torch.float32, False)):
+        q = Int8Linear(torch.nn.Linear(200, 72, bias=bias), act)
+        x = (torch.randn(50, 200) * torch.logspace(-2, 2, 50)[:, None]).to(act)
+        compiled = q(x)
+        x_nan = x.clone()
+        x_nan[4, 4] = float("nan")
+        compiled_nan = q(x_nan)
+        with monkeypatch.context() as m:
+            m.setattr(quantize.kernels, "native", lambda: None)
+            assert torch.equal(compiled, q(x))
+            assert torch.equal(compiled_nan.isnan(), q(x_nan).isnan()) and compiled_nan[4].isnan().all()
+
+
 def test_int8_linear_w8a8_passes_inf_and_nan_on_as_a_float_product_does(int8_many_path):
     """A row holding an inf or a NaN has no integer step: w8a8 hands such a call to the widened product, which
     passes them on as any float model does (NaN where a NaN or inf times a weight reaches an output), and leaves

@@ -247,6 +247,11 @@ def test_the_compiled_gelu_on_bf16_rounds_its_fp32_value_once_and_is_no_further_
     step = truth[fin].float().abs() * 2 ** -7 + 1e-6
     assert ((got[fin].float() - truth[fin].float()).abs() <= step).all()
     assert got[0, 0].isnan() and got[0, 1] == float("inf") and got[0, 2] == 0
+    assert got.view(torch.int16)[0, 0] == 0x7FC0  # torch's scalar rounding of a NaN
+    odd = (torch.randn(257, 1021) * 4).to(torch.bfloat16)  # vector tails and uneven thread chunks
+    with torch.no_grad():
+        wide = gelu_tanh_(odd.float())  # the fp32 kernel, chunked at the same elements
+        assert torch.equal(gelu_tanh_(odd.clone()), wide.to(torch.bfloat16))  # the same value, rounded once
 
 
 @needs_kernel

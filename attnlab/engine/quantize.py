@@ -299,24 +299,23 @@ class Int8Linear(nn.Module):
         """(M, in) -> (M, out) on a many-row ``path``, bias included, in x2's dtype."""
         if path == "w8a8":
             mod = kernels.native() if x2.dtype in (torch.float32, torch.bfloat16) else None
-            if mod is not None:  # the same arithmetic in one pass at each end (kernels/int8_rows.cpp)
+            if mod is not None:  # the same arithmetic, one pass at each end (kernels/int8_rows.cpp)
                 xq, s, finite = mod.quantize_rows_int8(x2.contiguous())  # (M, in) int8, (M, 1) each row's step
+                if finite:
+                    acc = torch._int_mm(xq, self.weight_in_out)  # (M, out) int32
+                    return mod.scale_rows_int32(acc, s, self._scale32, self._bias32, x2.dtype)
             else:
                 xf = x2.float()
-                s = xf.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127.0)
-                finite = bool(torch.isfinite(s).all())
-            if not finite:
-                # an inf or NaN has no integer step: the rows would come back as garbage, not as the inf or NaN
-                # that a float product passes on; the widened product passes them on as any float model does
-                return self._many_rows("widen", x2)
-            if mod is not None:
-                acc = torch._int_mm(xq, self.weight_in_out)  # (M, out) int32
-                return mod.scale_rows_int32(acc, s, self._scale32, self._bias32, x2.dtype)
-            xq = torch.div(xf, s).round_().to(torch.int8)
-            y = torch._int_mm(xq, self.weight_in_out).to(torch.float32).mul_(s).mul_(self._scale32)  # (M, out)
-            if self.bias is not None:
-                y.add_(self._bias32)
-            return y.to(x2.dtype)
+                s = xf.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127.0)  # (M, 1)
+                if bool(torch.isfinite(s).all()):
+                    xq = torch.div(xf, s).round_().to(torch.int8)
+                    y = torch._int_mm(xq, self.weight_in_out).to(torch.float32).mul_(s).mul_(self._scale32)
+                    if self.bias is not None:
+                        y.add_(self._bias32)
+                    return y.to(x2.dtype)
+            # an inf or NaN has no integer step: the rows would come back as garbage, not as the inf or NaN that a
+            # float product passes on; the widened product passes them on as any float model does
+            return self._many_rows("widen", x2)
         wide = self._widen_to(x2.dtype, x2.device)
         # the weight dequantized in the product's dtype: a pass over the (out, in) weight instead of an fp32 pass over
         # the (rows, out) product, which cost as much as the GEMM (docs/engine.md)

@@ -9,9 +9,9 @@ contiguous or paged, fp32 or bf16, every row and head in one call), ``block_deco
 ``block_pre`` / ``block_post`` (the same step in two calls around Python's attention, where the cache cannot
 say where its keys go), ``gelu_tanh_`` / ``gelu_tanh_forward`` / ``gelu_tanh_backward`` (activations.h: the
 prefill's GELU in place, fp32 or bf16, training's forward and backward), ``quantize_rows_int8`` /
-``scale_rows_int32`` (int8_rows.cpp: the two ends of Int8Linear's integer prefill product), ``rope_apply`` (rope.cpp: rotary over a whole
-(B, H, T, D) tensor, or its transpose), ``evict`` (evict.cpp: flush a
-tensor from the caches, for cold timings) and ``ssm_scan_forward`` / ``ssm_scan_backward`` (ssm_scan.cpp: the SSM's
+``scale_rows_int32`` (int8_rows.cpp: the two ends of Int8Linear's integer prefill product), ``rope_apply``
+(rope.cpp: rotary over a whole (B, H, T, D) tensor, or its transpose), ``evict`` (evict.cpp: flush a tensor from
+the caches, for cold timings) and ``ssm_scan_forward`` / ``ssm_scan_backward`` (ssm_scan.cpp: the SSM's
 sequential scan with each channel's state in registers). None: no C++ compiler or Python headers, a failed build, or
 ``ATTNLAB_KERNELS=0`` (which benchmarks use to time the fallback side by side). The build
 (torch.utils.cpp_extension, under a minute on 2 quiet cores) happens on first use and is cached under torch's

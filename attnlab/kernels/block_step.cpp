@@ -84,9 +84,10 @@ void norm_into(const float* x, int64_t M, int64_t K, const torch::Tensor& w, con
   }
 }
 
-// x (M, K) as fp32 rows: x's own memory where it is fp32 and contiguous, else widened into buf. A bf16 residual
-// (an int8 or bf16 model's) is one or a few rows here: torch's conversion call (~8 us) three times a block was
-// ~0.3 ms of an int8 GPT-2 small step, a loop over the rows next to nothing.
+// x (M, K) activations as fp32 rows: x's own memory where it is fp32 and contiguous, else a copy in buf (a bf16 x
+// widened; a non-contiguous fp32 one, which the callers never pass, copied). Not f32() (torch's conversion, for the
+// weights): a bf16 residual (an int8 or bf16 model's) is one or a few rows here, and torch's conversion call (~8 us)
+// three times a block was ~0.3 ms of an int8 GPT-2 small step, a loop over the rows next to nothing.
 const float* rows_f32(const torch::Tensor& x, std::vector<float>& buf) {
   if (x.scalar_type() == torch::kFloat32 && x.is_contiguous()) return x.data_ptr<float>();
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16,

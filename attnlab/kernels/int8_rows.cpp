@@ -7,7 +7,9 @@
 // narrow; widen, two multiplies, an add, narrow), 1.0-1.8 ms beside a 0.8-3.1 ms GEMM for each of GPT-2 small's
 // products at 512 rows, 2 threads: about a fifth of an int8 prefill. Here a row's maximum and its quantization run
 // while the row is in L1, and the scaling reads each sum once. The arithmetic is those ops' own (an fp32 division by
-// the step, rounding to nearest even; fp32 products in the same order), so the results are theirs bit for bit.
+// the step, rounding to nearest even; fp32 products in the same order), so the results are theirs bit for bit (for
+// finite rows: a row holding an inf gets a NaN step where torch's gets an inf; either sends the call to the float
+// product).
 #pragma once
 
 #include <torch/extension.h>
@@ -47,7 +49,7 @@ inline float row_amax(const T* r, int64_t K) {
 template <typename T>
 inline void quantize_row(const T* r, int64_t K, float s, int8_t* q) {
   int64_t k = 0;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__)  // elsewhere one at a time: w8a8 is timed against widening there, so a slow loop loses
   const __m512 vs = _mm512_set1_ps(s);
   // |r[k] / s| <= 127 (to float rounding), so the saturating narrow never saturates
   for (; k + 16 <= K; k += 16)
@@ -62,7 +64,9 @@ void quantize_all(const T* x, int64_t M, int64_t K, int8_t* q, float* step) {
   at::parallel_for(0, M, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(K, 1)), [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; m++) {
       const float amax = row_amax(x + m * K, K);
-      step[m] = std::max(amax, 1e-12f) / 127.f;  // torch's clamp(min=1e-12) then / 127, in fp32
+      // torch's clamp(min=1e-12) then / 127, in fp32; amax first, so that a NaN stays (std::max returns its first
+      // argument when the comparison fails)
+      step[m] = std::max(amax, 1e-12f) / 127.f;
       if (std::isfinite(step[m])) quantize_row(x + m * K, K, step[m], q + m * K);
     }
   });

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include <c10/util/BFloat16.h>
+
 namespace attnlab {
 
 // One vector of fp32 lanes: 16 with AVX-512, 8 with AVX2+FMA, 1 elsewhere. Intrinsics, because GCC's generic
@@ -24,7 +26,9 @@ inline vf load_w(const uint16_t* p) {  // a bf16 is the upper half of an fp32
 inline vf load_w(const int8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p))); }
 inline vf load_w(const float* p) { return _mm512_loadu_ps(p); }
 inline void store_lanes(float* t, vf v) { _mm512_storeu_ps(t, v); }
-inline vf load_i32(const int32_t* p) { return _mm512_cvtepi32_ps(_mm512_loadu_si512(p)); }
+inline vf load_i32(const int32_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_loadu_si512(p));
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int VW = 8;
 using vf = __m256;
@@ -37,7 +41,9 @@ inline vf load_w(const uint16_t* p) {
 inline vf load_w(const int8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p))); }
 inline vf load_w(const float* p) { return _mm256_loadu_ps(p); }
 inline void store_lanes(float* t, vf v) { _mm256_storeu_ps(t, v); }
-inline vf load_i32(const int32_t* p) { return _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)p)); }
+inline vf load_i32(const int32_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)p));
+}
 #else
 constexpr int VW = 1;
 using vf = float;
@@ -65,21 +71,17 @@ inline float widen(uint16_t v) {
 inline float widen(int8_t v) { return float(v); }
 inline float widen(float v) { return v; }
 
-// fp32 -> bf16 bits, to nearest with ties to even, a NaN kept a (quiet) NaN: c10::BFloat16(float)'s rounding.
-inline uint16_t narrow(float f) {
-  if (std::isnan(f)) return 0x7FC0;
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
+// fp32 -> bf16 bits as torch rounds them one at a time (c10::BFloat16: to nearest, ties to even; a NaN -> 0x7FC0).
+inline uint16_t narrow(float f) { return c10::BFloat16(f).x; }
 
-// VW lanes rounded to bf16 by narrow's rule.
+// VW lanes rounded by narrow's rule, a vector at a time where there is AVX-512.
 #if defined(__AVX512F__)
 inline void store_bf16(uint16_t* p, vf v) {
   const __m512i u = _mm512_castps_si512(v);
   __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
                                                    _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
-  r = _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  r = _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                            _mm512_set1_epi32(0x7FC0));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
 }
 #else

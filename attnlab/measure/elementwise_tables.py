@@ -41,7 +41,7 @@ def _elementwise_mix(M: int, W: int, dtype) -> callable:
         apply_rotary(q, cos, sin)
         apply_rotary(q, cos, sin)
         with torch.no_grad():
-            gelu_tanh_(h)  # the engine's GELU (compiled, in place, for large fp32 activations)
+            gelu_tanh_(h)  # the engine's GELU (compiled, in place, for large fp32 or bf16 activations)
         cache[:, :, :M] = q  # keys
         cache[:, :, :M] = q  # values
         o = out.to(dtype) if dtype != f32 else out

@@ -64,9 +64,10 @@ class _GeluTanh(torch.autograd.Function):
 def gelu_tanh_(h: torch.Tensor) -> torch.Tensor:
     """GELU, tanh approximation, which may overwrite ``h`` (pass a fresh tensor: here a Linear's output). A large
     fp32 activation on a CPU goes through attnlab's compiled GELU: in place outside autograd, forward and backward
-    under it; a bf16 one (an int8 model's prefill) in place outside autograd. torch's CPU GELU (tanh form) is a visible share of a prefill and of a small model's training step; the
-    compiled one is vectorised (the same formula, tanh via exp, absolute error ~1e-7; docs/engine.md). Under a
-    dispatch-level tracer (measure.trace), torch's, which the tracer sees."""
+    under it; a bf16 one (a bf16 or int8 model's prefill) in place outside autograd. torch's CPU GELU (tanh form) is
+    a visible share of a prefill and of a small model's training step; the compiled one is vectorised (the same
+    formula, tanh via exp, absolute error ~1e-7; docs/engine.md). Under a dispatch-level tracer (measure.trace),
+    torch's, which the tracer sees."""
     if (h.dtype in (torch.float32, torch.bfloat16) and h.device.type == "cpu" and h.numel() >= _GELU_MIN
             and h.is_contiguous() and _current_dispatch_mode() is None):
         mod = kernels.native()
@@ -75,7 +76,7 @@ def gelu_tanh_(h: torch.Tensor) -> torch.Tensor:
                 if h.dtype == torch.float32:
                     return _GeluTanh.apply(h)
             else:
-                mod.gelu_tanh_(h)  # bf16 too (an int8 model's prefill): widened, computed in fp32, rounded once
+                mod.gelu_tanh_(h)  # a bf16 h: each value widened, computed in fp32, rounded once
                 return h
     return F.gelu(h, approximate="tanh")
 
