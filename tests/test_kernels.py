@@ -22,7 +22,7 @@ def test_few_rows_linear_matches_fp32_arithmetic_and_a_batch_equals_each_row_alo
     scale = w.abs().amax(1) / 127
     q = (w / scale[:, None]).round().to(torch.int8)
     bias = torch.randn(n, generator=g)
-    for m in (1, 2, 3, 5, 7, 8, 16):  # each remainder after groups of 4: none, 1, 2, 3
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 16):  # each remainder after groups of 4 (int8) and of 6 (float, AVX-512)
         x = torch.randn(m, k, generator=g)
         y = native.linear(x, wb, NONE, NONE)
         torch.testing.assert_close(y, x @ wb.float().t(), atol=1e-4, rtol=1e-4)
@@ -34,7 +34,7 @@ def test_few_rows_linear_matches_fp32_arithmetic_and_a_batch_equals_each_row_alo
             assert torch.equal(yq, int16_rows_emulated(x, q, scale, bias))
         else:
             torch.testing.assert_close(yq, x @ (q.float() * scale[:, None]).t() + bias, atol=1e-4, rtol=1e-4)
-        # every (row, channel) is the same sum in the same order, whatever rows share the call (groups of 4, then 1-3)
+        # every (row, channel) is the same sum in the same order, whatever rows share the call (groups, then the rest)
         assert torch.equal(y, torch.cat([native.linear(x[i:i + 1], wb, NONE, NONE) for i in range(m)]))
         assert torch.equal(yq, torch.cat([native.linear(x[i:i + 1], q, scale, bias) for i in range(m)]))
     xb = torch.randn(3, k, generator=g).to(torch.bfloat16)  # bf16 activations in, bf16 out (rounded once)

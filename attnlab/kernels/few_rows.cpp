@@ -37,6 +37,10 @@ using namespace attnlab;
 
 constexpr int64_t PF_ROWS = 8;  // prefetch distance, in weight rows (measured: 4 and 8 alike, 8 a little ahead)
 constexpr int64_t RB = 4;  // output channels per block: 4 independent sums per row hide the multiply-add latency
+// Rows per pass of run_float: with AVX-512's 32 registers, 6 rows' 24 sums, the 4 weight vectors and a row vector fit
+// (16 rows in 3 passes over a block's weights, not 4: 1.07-1.12x for GPT-2 small's fp32 weights at 16 rows, 1.11x
+// at 6, bf16 1.03x and 1.08x; 2 threads, alternating in one process); AVX2's 16 hold 4 rows.
+constexpr int FLOAT_ROWS = VW == 16 ? 6 : 4;
 
 // Rows m0..m0+MB-1 of x times channels n..n+RB-1 of w: each weight vector is widened once and used for MB rows.
 template <int MB, typename W>
@@ -79,14 +83,17 @@ inline void store(Y* y, const float* scale, const float* bias, int64_t N, int64_
   y[m * N + n] = Y(v);
 }
 
-// Rows in groups of 4, then one group of the 1-3 left (f(integral_constant<MB>, first row)). Each group is a pass
-// over the block's weights, so the passes are as few as the register budget allows: 7 rows (a k = 6 verify) in 2
-// passes, not 4 + 2 + 1; 3 rows in one (as 2 + 1 they had cost 1.1x 4 rows).
-template <typename F>
+// Rows in groups of G, then one group of the 1 to G-1 left (f(integral_constant<MB>, first row)). Each group is a
+// pass over the block's weights, so the passes are as few as the register budget allows: 7 rows (a k = 6 verify) in
+// 2 passes, not 4 + 2 + 1; 3 rows in one (as 2 + 1 they had cost 1.1x 4 rows).
+template <int G = 4, typename F>
 inline void row_groups(int64_t M, F&& f) {
+  static_assert(G == 4 || G == 6, "groups of 4 or 6 rows");
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) f(std::integral_constant<int, 4>{}, m);
+  for (; m + G <= M; m += G) f(std::integral_constant<int, G>{}, m);
   switch (M - m) {
+    case 5: if constexpr (G > 5) f(std::integral_constant<int, 5>{}, m); break;
+    case 4: if constexpr (G > 4) f(std::integral_constant<int, 4>{}, m); break;
     case 3: f(std::integral_constant<int, 3>{}, m); break;
     case 2: f(std::integral_constant<int, 2>{}, m); break;
     case 1: f(std::integral_constant<int, 1>{}, m); break;
@@ -116,7 +123,7 @@ void run_float(const float* x, const W* w, const float* scale, const float* bias
           }
         continue;
       }
-      row_groups(M, [&](auto mb, int64_t m) {
+      row_groups<FLOAT_ROWS>(M, [&](auto mb, int64_t m) {
         constexpr int MB = decltype(mb)::value;
         float out[MB][RB];
         block<MB>(x, w, n, m, K, out);
