@@ -22,7 +22,7 @@ def test_few_rows_linear_matches_fp32_arithmetic_and_a_batch_equals_each_row_alo
     scale = w.abs().amax(1) / 127
     q = (w / scale[:, None]).round().to(torch.int8)
     bias = torch.randn(n, generator=g)
-    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 16):  # each remainder after groups of 4 (int8) and of 6 (float, AVX-512)
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 16):  # each remainder after groups of 4 (VNNI int8) and of 6 (AVX-512)
         x = torch.randn(m, k, generator=g)
         y = native.linear(x, wb, NONE, NONE)
         torch.testing.assert_close(y, x @ wb.float().t(), atol=1e-4, rtol=1e-4)

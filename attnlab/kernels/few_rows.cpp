@@ -6,11 +6,13 @@
 // bf16 decoded no faster than fp32. Here each weight element is widened to fp32 in registers and multiplied in
 // fp32 (fp32 accumulation, as the library kernels do), so the narrow weight is read once at the width it is stored.
 // fp32 weights too: torch's fp32 GEMMs streamed 14-19 GB/s at 8 rows against 27-30 at one; here a weight vector,
-// once loaded, serves 4 rows, so a batch of rows reads each weight from memory once. On a CPU with AVX512-VNNI an
+// once loaded, serves 4 rows (6 in the float path with AVX-512), so a batch of rows reads each weight from memory
+// once. On a CPU with AVX512-VNNI an
 // int8 weight meets rows quantized to int16 instead, in exact integer arithmetic (run's int8 overload, below).
 //
 // Compiled on the machine that runs it (-march=native: AVX-512 where there is AVX-512, AVX2 elsewhere), in vectors
-// of the machine's width; 4 output channels at a time, each widened weight vector used for up to 4 rows. Every
+// of the machine's width; 4 output channels at a time, each widened weight vector used for up to 4 rows (6 in the
+// float path with AVX-512). Every
 // output element is the same sum in the same order whatever the number of rows or threads (threads split whole
 // blocks of channels), so a row's result does not depend on which other rows share the call: a batch equals each
 // row alone, bit for bit.
@@ -39,7 +41,8 @@ constexpr int64_t PF_ROWS = 8;  // prefetch distance, in weight rows (measured: 
 constexpr int64_t RB = 4;  // output channels per block: 4 independent sums per row hide the multiply-add latency
 // Rows per pass of run_float: with AVX-512's 32 registers, 6 rows' 24 sums, the 4 weight vectors and a row vector fit
 // (16 rows in 3 passes over a block's weights, not 4: 1.07-1.12x for GPT-2 small's fp32 weights at 16 rows, 1.11x
-// at 6, bf16 1.03x and 1.08x; 2 threads, alternating in one process); AVX2's 16 hold 4 rows.
+// at 6, bf16 1.03x and 1.08x; 2 threads, alternating in one process). AVX2 keeps 4 rows, whose 16 sums alone fill
+// its 16 registers (the compiler spills around them), so more rows could only spill more.
 constexpr int FLOAT_ROWS = VW == 16 ? 6 : 4;
 
 // Rows m0..m0+MB-1 of x times channels n..n+RB-1 of w: each weight vector is widened once and used for MB rows.

@@ -8,9 +8,9 @@
 // scores against the whole block are D broadcast-FMAs into QB_VECS vectors, with no horizontal sums. Keys go in
 // chunks of KC; each chunk's scores update a running maximum and sum per query (the online softmax of
 // FlashAttention, Dao et al. 2022), and the output block is rescaled and accumulated from the chunk's weights and
-// values. Query i of a block
-// sits at position S - T + t0 + i and sees keys 0 .. that position: the causal mask aligned at the end, as a cache
-// with a prefix needs. Each (row, head, query block) is computed by one thread, whatever else is in the call.
+// values. Query i of a block sits at position S - T + t0 + i and sees keys 0 .. that position: the causal mask
+// aligned at the end, as a cache with a prefix needs. Each (row, head, query block) is computed by one thread,
+// whatever else is in the call.
 #pragma once
 
 #include <torch/extension.h>
@@ -26,7 +26,9 @@ namespace {
 using namespace attnlab;
 
 // Register blocking, sized to the register file: AVX-512's 32 vector registers hold a 3-vector query block against 8
-// keys (24 sums) and 6 output rows of up to 4 vectors (24 sums); AVX2's 16 hold 2 against 4 and 4 rows. The wider
+// keys (24 sums) and 6 output rows of up to 4 vectors (24 sums); AVX2's 16 hold 2 query vectors against 4 keys (8
+// sums), and keep the 4 output rows that fit there only for heads of up to 2 vectors (GPT-2's 64-wide heads are 8
+// AVX2 vectors: 2 rows, spilled). The wider
 // blocking read the query vectors and value vectors fewer times per multiply-add: GPT-2 small's 512-token layer took
 // 1.2x less time (12 heads of 64, 2 threads, alternating with the 2-against-4 blocking in one process). Which keys or
 // queries share a block changes no sum: every score is the same dot product over d in the same order, so the
