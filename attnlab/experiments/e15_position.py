@@ -45,6 +45,7 @@ CHANGES = [
         "not supported in 3 of 3 repetitions (no U: the middle 0-6 points above the worse edge; the fact "
         "next to the question 5-8 points below the fact far from it)"),
     needle_changes.stage_change("not supported"),
+    needle_changes.batch_change("not supported in 3 of 3 repetitions"),
 ]
 EST_S = {"quick": 4, "full": 25}
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)

@@ -88,6 +88,7 @@ CHANGES.append(
              "at that length, and a short prompt is off its training distribution. Verdict before: supported in 3 of "
              "3 repetitions (reference bbc92d7). Verdict after: reports/HISTORY.md, the reference run at the commit "
              "that made this change.")})
+CHANGES.append(needle_changes.batch_change("supported in 3 of 3 repetitions"))
 EST_S = {"quick": 8, "full": 30}
 BATCH, ROUNDS = 32, 7
 PADDED = "padded, no distractor"  # the control: the fact in corpus text at the trained length

@@ -45,7 +45,8 @@ class Setup:
     n_heads: int
     dense_steps: int  # phase 1, at most: dense sequences only (DENSE_FACTS facts, all asked) until the lookup is learned
     steps: int  # phase 2: dense sequences, facts in text and corpus windows, mixed
-    batch: int
+    batch: int  # phase 2's sequences per step
+    dense_batch: int  # phase 1's (needle_changes.BATCH_WHY: the lookup forms in fewer steps of half the batch)
     lr: float
     max_facts: int  # facts per haystack training sequence: 2..max_facts
     max_asked: int  # questions per haystack training sequence (probes ask one)
@@ -58,10 +59,10 @@ class Setup:
 # to (its verdicts read "regime not reached"). Two layers learned it where three, at the same steps, did not: the
 # lookup needs one layer to gather the key's letters and one to match them.
 SETUPS = {
-    "quick": Setup(train_len=128, dim=64, n_layers=2, n_heads=4, dense_steps=100, steps=50, batch=16, lr=3e-3,
-                   max_facts=5, max_asked=3, probe_n=48, weight_n=8, repeats=1),
-    "full": Setup(train_len=128, dim=128, n_layers=2, n_heads=8, dense_steps=6000, steps=1500, batch=32, lr=1e-3,
-                  max_facts=5, max_asked=3, probe_n=480, weight_n=64, repeats=3),
+    "quick": Setup(train_len=128, dim=64, n_layers=2, n_heads=4, dense_steps=100, steps=50, batch=16, dense_batch=16,
+                   lr=3e-3, max_facts=5, max_asked=3, probe_n=48, weight_n=8, repeats=1),
+    "full": Setup(train_len=128, dim=128, n_layers=2, n_heads=8, dense_steps=6000, steps=1500, batch=32,
+                  dense_batch=16, lr=1e-3, max_facts=5, max_asked=3, probe_n=480, weight_n=64, repeats=3),
 }
 DENSE_FACTS = 4  # facts in a dense training sequence, every one asked
 DENSE_SLACK = 8  # haystack bytes a dense sequence may carry at most
@@ -188,7 +189,8 @@ def _batches(task, text: bytes, s: Setup):
         g = step_generator(task.cfg.seed + phase, step)
         if phase == 1 or step % 2:
             length = int(torch.randint(dense_len, dense_len + DENSE_SLACK + 1, (1,), generator=g))
-            x, y, _ = needle_batch(text, s.batch, length, DENSE_FACTS, g, asked=DENSE_FACTS)
+            x, y, _ = needle_batch(text, s.dense_batch if phase == 1 else s.batch, length, DENSE_FACTS, g,
+                                   asked=DENSE_FACTS)
             return x, y
         if step % 4 == 0:
             return task.batch(step)

@@ -73,3 +73,24 @@ def stage_change(before: str) -> dict:
                     "reference left it at 3,500: the sums round in another order, and the lookup forms at another "
                     "step. Prediction, threshold and regime unchanged. Verdict before: " + before + " (reference "
                     "51ff1f2); after: the next full run.")}
+
+
+# The third change to the shared model's training: the first phase's batch.
+BATCH_WHY = ("Issue 29 (the full report in an hour on 2 cores): the dense phase was most of the model's 1,499 s of "
+             "training in the reference of 82fff6c (5,000 steps of 32 sequences before dense probes scored >= 90%; "
+             "30-55% on the plateau until 4,000). Two trials of the full setup on one thread (the report's "
+             "initialisation and data, default optimiser settings) with 16 sequences a step left the plateau at "
+             "3,000 steps (learning rate 1e-3, 97% on dense probes, 323 s) and 3,250 (7e-4, 91%, 356 s): fewer "
+             "steps, each half the work. Trials that kept 32 sequences and changed the optimiser instead (recall.py's "
+             "recipe: beta2 0.999, no clipping or weight decay, a constant rate; learning rates 1e-3 and 3e-3) were "
+             "still on the plateau at 3,000 steps (36%). The mixed phase keeps 32 sequences a step. Predictions, "
+             "thresholds and regimes are unchanged; the training is changed, not the margins.")
+
+
+def batch_change(before: str) -> dict:
+    """The CHANGES entry (claims 14-16, each with its verdict ``before``) of the dense phase's batch of 16."""
+    return {"date": "2026-12-07", "what": "method: the shared model's first phase at 16 sequences a step",
+            "old": "32 sequences a step in both phases",
+            "new": "16 sequences a step in the dense phase (at most 6,000 steps, as before), 32 in the mixed phase",
+            "why": BATCH_WHY + " Verdict before: " + before + " (reference 82fff6c); after: the reference run at "
+                   "this change (reports/HISTORY.md)."}
