@@ -7,15 +7,14 @@
 // fp32 (fp32 accumulation, as the library kernels do), so the narrow weight is read once at the width it is stored.
 // fp32 weights too: torch's fp32 GEMMs streamed 14-19 GB/s at 8 rows against 27-30 at one; here a weight vector,
 // once loaded, serves 4 rows (6 in the float path with AVX-512), so a batch of rows reads each weight from memory
-// once. On a CPU with AVX512-VNNI an
-// int8 weight meets rows quantized to int16 instead, in exact integer arithmetic (run's int8 overload, below).
+// once. On a CPU with AVX512-VNNI an int8 weight meets rows quantized to int16 instead, in exact integer arithmetic
+// (run's int8 overload, below).
 //
 // Compiled on the machine that runs it (-march=native: AVX-512 where there is AVX-512, AVX2 elsewhere), in vectors
 // of the machine's width; 4 output channels at a time, each widened weight vector used for up to 4 rows (6 in the
-// float path with AVX-512). Every
-// output element is the same sum in the same order whatever the number of rows or threads (threads split whole
-// blocks of channels), so a row's result does not depend on which other rows share the call: a batch equals each
-// row alone, bit for bit.
+// float path with AVX-512). Every output element is the same sum in the same order whatever the number of rows or
+// threads (threads split whole blocks of channels), so a row's result does not depend on which other rows share
+// the call: a batch equals each row alone, bit for bit.
 #pragma once
 
 #include <torch/extension.h>
