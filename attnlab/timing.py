@@ -101,6 +101,61 @@ def host_speed(n: int = 1024, repeats: int = 9) -> dict:
             "threads": torch.get_num_threads()}
 
 
+def paired_ratios(num: Callable[[], float], den: Callable[[], float], n: int) -> list[float]:
+    """``n`` ratios num() / den() of two calls made back to back, the order alternating from pair to pair (``num``
+    first in even pairs). Each callable times itself and returns its wall seconds, so that untimed work around it (a
+    cache rolled back) stays out. A ratio of two paths read on one clock at the same moment: two medians taken apart
+    would also measure how the machine's pace moved between them (a shared host's memory bandwidth has changed by 2x
+    within seconds)."""
+    ratios = []
+    for i in range(n):
+        if i % 2 == 0:
+            a = num()
+            b = den()
+        else:
+            b = den()
+            a = num()
+        ratios.append(a / b)
+    return ratios
+
+
+def timed_read(n_bytes: int, device="cpu") -> Callable[[], float]:
+    """A call that reads ``n_bytes`` of fp32 memory once (a sum) and returns its wall seconds: the time a step that
+    streams that many bytes cannot beat on this machine now. The buffer is allocated here, once."""
+    x = torch.ones(max(1, n_bytes // 4), device=device)
+
+    def read() -> float:
+        t = now(device)
+        x.sum()
+        return now(device) - t
+
+    read()  # the pages touched once, untimed
+    return read
+
+
+def timed_step(model, prompt: list[int], rows: int = 1) -> Callable[[], float]:
+    """A call that times one forward of ``model`` over ``rows`` new tokens after ``prompt`` and rolls its cache back,
+    returning the wall seconds: a decode step (one row) or a verify pass (several) at that context, repeatable. The
+    prompt is prefilled and one step warmed here, untimed."""
+    device = next(model.parameters()).device
+    state = model.new_state(1, len(prompt) + rows + 1)
+    ids = torch.tensor([prompt[-rows:]], device=device)
+    with torch.inference_mode():
+        model(torch.tensor([prompt], device=device), state)
+        model(ids, state)  # warm-up
+        state.rollback([len(prompt)])
+
+    def once() -> float:
+        with torch.inference_mode():
+            t = now(device)
+            model(ids, state)
+            took = now(device) - t
+            state.rollback([len(prompt)])
+        return took
+
+    return once
+
+
 def memory_bandwidth(n_bytes: int = 512 * 2**20, repeats: int = 5, device="cpu") -> float:
     """Best-of read bandwidth (bytes/s) of a large fp32 sum on ``device``, at the threads in force: what a step that
     streams its weights once can reach (batch-1 decode: time per token >= weight bytes / this)."""

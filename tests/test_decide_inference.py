@@ -155,6 +155,19 @@ def test_e12():
     check("e12_long_chats", unknown, INCONCLUSIVE)
 
 
+def test_e09_flat_tpot_is_decided_on_paired_steps():
+    """Rounds that carry decode steps timed in alternation decide 'TPOT stays flat' on them, whatever the generations'
+    TPOT (timed apart) read; rounds without them (runs before that change) on the TPOT."""
+    paired = lambda growth, tpot: {**_e09_round(tpot_growth=tpot), "step_growth": growth,  # noqa: E731
+                                   "step_growth_range": [growth - 0.1, growth + 0.2], "paired_step_s": [0.011, 0.011 * growth]}
+    d = check("e09_prefill_decode", _e09(*[paired(1.27, 1.66)] * 3), SUPPORTED)
+    assert "paired x1.27" in d.reasons[0] and "TPOT x1.66 (shown, not decided)" in d.reasons[0]
+    assert "a decode step (paired) x1.27" in d.figure
+    check("e09_prefill_decode", _e09(*[paired(1.7, 1.2)] * 3), NOT_SUPPORTED)
+    d = check("e09_prefill_decode", _e09(paired(1.27, 1.2), paired(1.7, 1.2), paired(1.27, 1.2)), INCONCLUSIVE)
+    assert d.qualifier == UNSTABLE
+
+
 # --- claim 13: speculative decoding -------------------------------------------------------------------------------
 def _e13(speedups, identical=True, step_ms=3.6, verify_ms=4.5, draft_ms=0.3, agreement=0.8, loss=1.4):
     """Regime inside by default: a 100 MB target at 30 GB/s (3.3 ms ideal) stepping in 3.6 ms."""
@@ -216,6 +229,14 @@ def test_e13_outside_its_regime_is_inconclusive(outside):
     assert check("e13_speculative", paired, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
     paired["rounds"][2]["bandwidth_bytes_per_s"] = 20e9  # ... but 1.1x at the 20 GB/s measured before that round
     check("e13_speculative", paired, SUPPORTED)
+    # condition (1) paired with reads of the weights' bytes (runs from 2026-12-07): that ratio decides it, not the
+    # round's step against the best-of bandwidth
+    for r in paired["rounds"]:
+        r.update(step_s=9e-3, step_vs_read=1.3, paired_step_s=4.3e-3, read_bytes_per_s=30e9)
+    d = check("e13_speculative", paired, SUPPORTED)
+    assert d.regime[0]["value"] == 1.3 and "paired" in d.regime[0]["name"]
+    paired["rounds"][1]["step_vs_read"] = 1.7
+    assert check("e13_speculative", paired, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
     slow_round = _e13([0.8, 0.9, 0.85])
     slow_round["rounds"][1]["step_s"] = 9e-3  # one round's decode step outside: the verdict is not a finding
     assert check("e13_speculative", slow_round, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED

@@ -46,6 +46,35 @@ def test_machine_limits_are_plausible_figures():
     assert speed["matmul_gflops_best"] >= speed["matmul_gflops"] > 0
 
 
+def test_paired_ratios_alternate_which_side_goes_first():
+    order = []
+    num = lambda: order.append("a") or 3.0  # noqa: E731
+    den = lambda: order.append("b") or 2.0  # noqa: E731
+    assert timing.paired_ratios(num, den, 4) == [1.5] * 4
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
+
+
+def test_timed_read_follows_the_bytes_it_reads():
+    """A read of 64x the bytes takes longer on the same clock (medians of paired calls): it times the memory traffic."""
+    small, big = timing.timed_read(2**20), timing.timed_read(64 * 2**20)
+    ratios = sorted(timing.paired_ratios(big, small, 9))
+    assert ratios[4] > 4
+
+
+def test_timed_step_times_one_decode_step_and_rolls_its_cache_back():
+    from attnlab.config import ModelConfig
+    from attnlab.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=2, max_seq_len=64), "cpu").eval()
+    prompt = list(range(1, 21))
+    short, long = timing.timed_step(model, prompt[:4]), timing.timed_step(model, prompt)
+    # repeatable: the cache has room for one step past the prompt, so without the rollback a second call raises
+    assert all(short() > 0 and long() > 0 for _ in range(3))
+    verify = timing.timed_step(model, prompt, rows=4)
+    assert verify() > 0
+
+
 def test_peak_memory_sees_what_was_held_in_its_window_only():
     held = torch.ones(16 * 2**20)  # 64 MiB, held from before the second window
     window = timing.PeakMemory().start()

@@ -130,8 +130,9 @@ EARLIER = [
 ]
 
 
-def changes(threshold: str, regime: str) -> list[dict]:
-    """Claim 13's CHANGES, EARLIER and the entry quoting the current ``threshold`` and ``regime``."""
+def changes(threshold: str, regime: str, paired_regime: str) -> list[dict]:
+    """Claim 13's CHANGES: EARLIER, the entry quoting ``threshold`` and ``regime`` as they read from 2026-12-05, and the
+    one that made condition (1) paired (``paired_regime``, the current REGIME)."""
     return EARLIER + [
         {"date": "2026-12-05", "what": "method and regime: speedup timed on sampled text; acceptance as Leviathan's alpha",
          "old": f"THRESHOLD: {THRESHOLD_GREEDY} REGIME: {REGIME_GREEDY}",
@@ -167,4 +168,17 @@ def changes(threshold: str, regime: str) -> list[dict]:
                  "in fp32 against 0.26-0.42 under autocast (the casts, and the attention outside the products); so "
                  "the model's own step is timed. Prediction, threshold and "
                  "regime unchanged. Verdict before: inconclusive (regime not reached: the decode step 1.59-2.44x the "
-                 "weights over bandwidth; 3c4b14b); after: the reference run that follows this change.")}]
+                 "weights over bandwidth; 3c4b14b); after: the reference run that follows this change.")},
+        {"date": "2026-12-07", "what": "regime: condition (1), the decode step against a read of its weight bytes, paired",
+         "old": regime, "new": paired_regime,
+         "why": ("Condition (1) divided the round's median decode step by the best of 5 sums over 512 MiB read once "
+                 "before the round: a best-of against a median, minutes apart, on a host whose read bandwidth moves "
+                 "2x within seconds. At aaa10b2 rounds 1 and 2 read 61-63 GB/s best-of while their steps streamed the "
+                 "227 MB of weights at 28-30 GB/s (x2.05, x2.20, regime not reached), round 3 read 32.5 GB/s (x1.50, "
+                 "met): the condition said which moment the sum caught. ../shared/MEASURING.md asks for the two sides "
+                 "of a ratio interleaved on one clock; the step and a sum over as many bytes as the weights now "
+                 "alternate 15 times before each round, the median ratio decided against the same 1.5x bound, beside "
+                 "the other paired conditions (2) and (3). Probe on a target-shaped model (8 x 768, 227 MB, random "
+                 "weights), 12 sets of 15 pairs: x1.20-1.35, where the best-of reading against the same steps gave x1.17-1.38. "
+                 "Threshold and the other conditions unchanged. Verdict before: inconclusive (regime not reached) "
+                 "(aaa10b2); after: the reference run that follows this change.")}]
