@@ -245,6 +245,10 @@ def test_e06():
     # rounds that disagree
     out = check("e06_quadratic", _e06(_e06_round(1), _e06_round(2, t=1.3), _e06_round(3)), INCONCLUSIVE)
     assert out.qualifier == UNSTABLE
+    # each round reads its own peaks: one round's memory alone can make the rounds disagree
+    out = check("e06_quadratic", _e06(_e06_round(1), _e06_round(2, mem=1.2), _e06_round(3)), INCONCLUSIVE)
+    assert out.qualifier == UNSTABLE
+    check("e06_quadratic", {**_e06(), "rounds": [], "failed": ["naive run failed: killed"]}, INCONCLUSIVE)
 
 
 # --- claim 7: MLP vs attention core, and the crossover the claim states ------------------------------------------

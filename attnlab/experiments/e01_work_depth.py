@@ -5,8 +5,8 @@ that is the measured half and the verdict rests on it. A fused recurrent kernel 
 as one op a layer, so the tracer credits it with the dependent steps inside it (measure/trace.py: one per token per
 layer): a formula, so its depth is shown as a model beside the traced loop, not decided. FLOPs are torch's per-op
 formulas applied to the traced shapes: arithmetic on the shapes (the model), shown beside the depth but not part of
-the verdict. Three rounds at three widths (full scale) must agree: the tracer is deterministic and depth does not
-depend on width, so the rounds check that, not noise.
+the verdict. Three rounds at three shapes (full scale: widths 32-96, 2-4 layers) must agree: the tracer is
+deterministic, so the rounds check that the exponents hold across shapes of model, not noise.
 """
 import torch
 
@@ -82,7 +82,17 @@ CHANGES.append(
              "(reference 679adec: 132, 260, 516, 1028 ops = 4 + 2T). The loop rnn, lstm and gru run, traced op by op, "
              "stays the measured half. Verdict before: supported (679adec, 3 of 3 rounds); after, on the same data: "
              "supported (3 of 3 rounds: rnn 0.99, lstm and gru 1.00, transformer 0.00).")})
-EST_S = {"quick": 8, "full": 35}  # seconds on a 2-core CPU: the report's progress estimate
+CHANGES.append(
+    {"date": "2026-12-07", "what": "method: the rounds differ in depth of stack too (2, 3 and 4 layers)",
+     "old": "3 rounds at widths 32, 64 and 96, each of 2 layers",
+     "new": "3 rounds at (width, layers) = (32, 2), (64, 3), (96, 4)",
+     "why": ("Issue 29's independent read: the tracer is deterministic and depth does not depend on width, so the "
+             "three rounds traced the same graph three times (identical depths) and could not disagree. Across stacks "
+             "of 2-4 layers every depth differs (the transformer's constant grows with its layers, a recurrence's "
+             "chain with layers x n), so the rounds test that the exponents hold for the shape of the model, not for "
+             "one graph. Prediction, threshold and regime unchanged. Verdict before: supported (reference b1c16d5, 3 "
+             "of 3 rounds); after: the reference at this change.")})
+EST_S = {"quick": 8, "full": 50}  # seconds on a 2-core CPU: the report's progress estimate
 
 MODELS = {"transformer": dict(kernel="naive"), "rnn": dict(family="rnn"), "lstm": dict(family="lstm"),
           "gru": dict(family="gru"), "ssm-sequential": dict(family="ssm", scan="sequential", pos="none"),
@@ -103,15 +113,17 @@ def step_growth(lens: list, depth: list) -> tuple[float | None, list]:
     inc = [b - a for a, b in zip(depth, depth[1:])]
     return (fit_exponent(lens[1:], inc) if inc and all(i > 0 for i in inc) else None), inc
 MIN_SPAN = 8  # the REGIME: traced lengths span at least this factor
-WIDTHS = {"quick": (64,), "full": (32, 64, 96)[:FULL_REPEATS]}  # one round per width
+# One round per shape (width, layers): the tracer is deterministic, so rounds of one shape would repeat one trace;
+# rounds at different widths and depths of stack check that the exponents do not depend on the shape.
+SHAPES = {"quick": ((64, 2),), "full": ((32, 2), (64, 3), (96, 4))[:FULL_REPEATS]}
 
 
-def _round(width: int, lens: list, device) -> dict:
-    """Depth and FLOPs of one forward per model and length, at one width."""
+def _round(width: int, lens: list, device, layers: int = 2) -> dict:
+    """Depth and FLOPs of one forward per model and length, at one width and number of layers."""
     depth, flops, rows, attn, fused = {}, {}, [], [], []
     for name, kw in MODELS.items():
         dev = device if name in ON_DEVICE else "meta"
-        cfg = ModelConfig(dim=width, n_layers=2, n_heads=4, max_seq_len=max(lens), **kw)
+        cfg = ModelConfig(dim=width, n_layers=layers, n_heads=4, max_seq_len=max(lens), **kw)
         torch.manual_seed(0)
         with torch.device(dev):
             model = build_model(cfg, device=dev).eval()
@@ -124,18 +136,18 @@ def _round(width: int, lens: list, device) -> dict:
                 attn.append(r.flops_by_op.get("bmm", 0))
             if name in ON_DEVICE:
                 fused.append(r.recurrent_steps)
-            rows.append({"width": width, "model": name, "n": T, "work_flops": r.flops, "depth_ops": r.depth,
+            rows.append({"width": width, "layers": layers, "model": name, "n": T, "work_flops": r.flops, "depth_ops": r.depth,
                          "ops": r.ops, "steps_inside_fused_kernels": r.recurrent_steps})
     exps = {name: {"depth": fit_exponent(lens, depth[name]), "work": fit_exponent(lens, flops[name])} for name in MODELS}
     exps["transformer"]["attention_work"] = fit_exponent(lens, attn)
-    return {"width": width, "lengths": lens, "depth_ops": depth, "work_flops": flops, "exponents": exps,
+    return {"width": width, "layers": layers, "lengths": lens, "depth_ops": depth, "work_flops": flops, "exponents": exps,
             "fused_kernel_steps": fused, "rows": rows}
 
 
 def measure(scale: str, device: str) -> dict:
     """One round per width: shapes are traced on "meta", the fused kernel on ``device``."""
     lens = [16, 32, 64, 128] if scale == "quick" else [64, 128, 256, 512]
-    return {"rounds": [_round(w, lens, device) for w in WIDTHS[scale]]}
+    return {"rounds": [_round(w, lens, device, layers) for w, layers in SHAPES[scale]]}
 
 
 def regime(rnd: dict) -> list[dict]:
@@ -148,7 +160,7 @@ def regime(rnd: dict) -> list[dict]:
 
 def decide_one(rnd: dict) -> Decision:
     e = rnd["exponents"]
-    tag = f"width {rnd['width']}: " if "width" in rnd else ""
+    tag = (f"width {rnd['width']}" + (f", {rnd['layers']} layers" if "layers" in rnd else "") + ": ") if "width" in rnd else ""
     depth = {name: e.get(name, {}).get("depth") for name in ("transformer",) + RECURRENT + MODELLED}
     if any(depth[n] is None for n in ("transformer",) + RECURRENT):
         missing = [n for n in ("transformer",) + RECURRENT if depth[n] is None]
@@ -190,7 +202,7 @@ def run(scale: str, device: str) -> Outcome:  # shapes only: traced on "meta" (a
     m = measure(scale, device)
     first = m["rounds"][0]
     lens = first["lengths"]
-    data = {"rounds": [{k: r[k] for k in ("width", "lengths", "exponents", "depth_ops", "work_flops", "fused_kernel_steps")}
+    data = {"rounds": [{k: r[k] for k in ("width", "layers", "lengths", "exponents", "depth_ops", "work_flops", "fused_kernel_steps")}
                        for r in m["rounds"]]}
     return Outcome.of(decide(m), data, [
         Plot(f"Depth (dependent ops) vs n (width {first['width']})", "n (tokens)", "depth",

@@ -3,9 +3,9 @@
 The naive kernel runs in a fresh process (timing.run_fresh: every tensor over 64 KiB its own mapping): at each
 length an untimed warm-up call, then timed repeats, and the process's peak resident memory during them above what
 it held before (the peak reset per length); on CUDA, in this process, torch's peak allocation above the inputs.
-Time and memory are both measured; the cost model's long-context factor is shown as the model. Each of the timed
-calls at every length makes a round (call 1 at every length, call 2, ...): each round's exponent is decided alone
-and the rounds must agree. The regime asks for lengths where the n^2 term dominates, measured: the score matrix's
+Time and memory are both measured; the cost model's long-context factor is shown as the model. Each round is a
+fresh process that times one call at every length and reads its own peaks: each round's time and memory exponents
+are decided alone and the rounds must agree. The regime asks for lengths where the n^2 term dominates, measured: the score matrix's
 memory well above the inputs', and calls long enough to be above the clock and dispatch floor.
 """
 import gc
@@ -55,14 +55,24 @@ CHANGES = [
              "rounds (no extra cost), and the lengths' being in the quadratic regime is measured. Verdict before: "
              "supported (full: exponents 2.13 median, 2.12 fastest, memory 1.98); after: supported at quick scale.")},
 ]
-EST_S = {"quick": 4, "full": 185}  # seconds on a 2-core CPU: the report's progress estimate
+CHANGES.append(
+    {"date": "2026-12-07", "what": "method: every round its own fresh process, with its own peak memory",
+     "old": ("One fresh process timed 3 calls at every length (call r at every length made round r) and read one peak "
+             "per length over all 3 calls; that peak's exponent was copied into every round."),
+     "new": ("Each of the 3 rounds is a fresh process that times a warm-up and one call at every length and reads its "
+             "own peak per length; each round's time and peak-memory exponents come from its own data."),
+     "why": ("Issue 29's independent read: the memory half was one measurement shown three times, so its three "
+             "rounds could not disagree. Prediction, threshold and regime unchanged. Verdict before: supported "
+             "(reference b1c16d5, 3 of 3 rounds; time exponents per round from their own calls, memory 1.98 in all "
+             "three); after: the reference at this change (reports/HISTORY.md).")})
+EST_S = {"quick": 10, "full": 210}  # seconds on a 2-core CPU: the report's progress estimate
 MIN_EXPONENT, PLAUSIBLE = 1.6, (1.0, 3.0)
 REPEATS = 3  # timed calls per length, one per round
 SCORES_OVER_INPUTS, TIME_OVER_LINEAR, MIN_CALL_S = 4.0, 10.0, 1e-3  # the REGIME above, as numbers
 
 
-def naive_runs(lens, H, D, device) -> list[dict]:
-    """Time (each of REPEATS calls after a warm-up, and their median, min, max) and peak bytes of the naive kernel
+def naive_runs(lens, H, D, device, repeats: int = REPEATS) -> list[dict]:
+    """Time (each of ``repeats`` calls after a warm-up, and their median, min, max) and peak bytes of the naive kernel
     at each length."""
     x = torch.randn(1, H, 64, D).to(device)
     with torch.inference_mode():  # one-time setup (thread pool, library init) before any baseline
@@ -75,27 +85,40 @@ def naive_runs(lens, H, D, device) -> list[dict]:
         window = PeakMemory(device).start()  # the peak from here on is this length's
         with torch.inference_mode():
             call = lambda: KERNELS["naive"](q, k, v, causal=True, alibi_slopes=None, scale=D ** -0.5)  # noqa: E731
-            calls = [time_calls(call, 1, warmup=1 if r == 0 else 0, device=device)["median_s"] for r in range(REPEATS)]
+            calls = [time_calls(call, 1, warmup=1 if r == 0 else 0, device=device)["median_s"] for r in range(repeats)]
         peak = window.peak_bytes()
         with torch.inference_mode():  # after the peak is read: an O(n) pass, to see the n^2 term dominate the time
-            linear = time_calls(lambda: torch.add(q, k).add_(v), REPEATS, device=device)["median_s"]
+            linear = time_calls(lambda: torch.add(q, k).add_(v), 3, device=device)["median_s"]
         srt = sorted(calls)
         out.append({"n": T, "calls_s": calls, "median_s": srt[len(srt) // 2], "min_s": srt[0], "max_s": srt[-1],
-                    "repeats": REPEATS, "linear_pass_s": linear, "peak_bytes": peak,
+                    "repeats": repeats, "linear_pass_s": linear, "peak_bytes": peak,
                     "input_bytes": 3 * q.numel() * q.element_size()})  # the inputs are rebound (freed) before the next base
     return out
+
+
+def _round_runs(lens, H, D, device) -> list[dict]:
+    """One round: a fresh process (on CUDA this one) runs the naive kernel once at every length, after a warm-up,
+    with its own peak per length. A round per process, so no round reuses another's memory or its peak."""
+    if torch.device(device).type == "cuda":
+        return naive_runs(lens, H, D, device, 1)
+    return run_fresh("attnlab.experiments.e06_quadratic", "naive_runs", [lens, H, D, str(device), 1])
 
 
 def measure(scale: str, device: str) -> dict:
     lens = [256, 512, 1024, 2048] if scale == "quick" else [512, 1024, 2048, 4096, 8192]
     H, D = (4, 64) if scale == "quick" else (12, 64)
-    failed = []
-    try:
-        naive = (naive_runs(lens, H, D, device) if torch.device(device).type == "cuda" else
-                 run_fresh("attnlab.experiments.e06_quadratic", "naive_runs", [lens, H, D, str(device)]))
-    except (RuntimeError, OSError) as e:
-        failed, naive = [f"naive run failed: {e}"], [{"median_s": None, "min_s": None, "max_s": None, "calls_s": [None],
-                                                      "peak_bytes": None, "input_bytes": None} for _ in lens]
+    failed, runs = [], []
+    for _ in range(REPEATS):
+        try:
+            runs.append(_round_runs(lens, H, D, device))
+        except (RuntimeError, OSError) as e:
+            failed.append(f"naive run failed: {e}")
+    per_len = [[run[i] for run in runs] for i in range(len(lens))]  # per length, one row per round
+    pick = lambda rows, key: sorted(r[key] for r in rows)[len(rows) // 2] if rows else None  # noqa: E731 the median
+    naive = [{"calls_s": [r["median_s"] for r in rows], "median_s": pick(rows, "median_s"),
+              "min_s": min((r["min_s"] for r in rows), default=None), "max_s": max((r["max_s"] for r in rows), default=None),
+              "peak_bytes": pick(rows, "peak_bytes"), "input_bytes": rows[0]["input_bytes"] if rows else None}
+             for rows in per_len]
     times = {"naive": [r["median_s"] for r in naive]}
     spread = {"naive": [[r["min_s"], r["max_s"]] for r in naive]}
     for name in ("sdpa", "flash"):  # context: the exact kernels that never hold the score matrix
@@ -108,17 +131,21 @@ def measure(scale: str, device: str) -> dict:
             times[name].append(t["median_s"])
             spread[name].append([t["min_s"], t["max_s"]])
     tail = slice(len(lens) // 2 - 1 if len(lens) > 3 else 0, None)
-    exps = {k: fit_exponent(lens[tail], v[tail]) for k, v in times.items()}
-    exps["naive_fastest"] = fit_exponent(lens[tail], [s[0] for s in spread["naive"]][tail])
-    peak = [r["peak_bytes"] for r in naive]
-    exps["naive_peak_bytes"] = fit_exponent(lens[tail], peak[tail])
-    growth = cost_compare(architecture("llama-3-8b"), 8192, 131072)["parts"]
     fitted = lens[tail]
-    rounds = [{"round": r + 1, "fitted_lengths": fitted, "calls_s": [row["calls_s"][r] for row in naive][tail],
-               "time_exponent": fit_exponent(fitted, [row["calls_s"][r] for row in naive][tail]),
-               "peak_exponent": exps["naive_peak_bytes"], "peak_bytes": peak[tail][0],
-               "input_bytes": naive[tail][0]["input_bytes"], "median_s": naive[tail][0]["median_s"],
-               "linear_pass_s": naive[tail][0].get("linear_pass_s")} for r in range(len(naive[0]["calls_s"]))]
+    fit = lambda ys: fit_exponent(fitted, ys) if runs else None  # noqa: E731 (no naive round ran: nothing to fit)
+    exps = {k: fit_exponent(fitted, v[tail]) for k, v in times.items() if k != "naive"}
+    exps["naive"] = fit(times["naive"][tail])
+    exps["naive_fastest"] = fit([s[0] for s in spread["naive"]][tail])
+    peak = [r["peak_bytes"] for r in naive]
+    exps["naive_peak_bytes"] = fit(peak[tail])
+    growth = cost_compare(architecture("llama-3-8b"), 8192, 131072)["parts"]
+    rounds = [{"round": r + 1, "fitted_lengths": fitted, "calls_s": [row["median_s"] for row in run][tail],
+               "time_exponent": fit_exponent(fitted, [row["median_s"] for row in run][tail]),
+               "peak_bytes_by_length": [row["peak_bytes"] for row in run][tail],
+               "peak_exponent": fit_exponent(fitted, [row["peak_bytes"] for row in run][tail]),
+               "peak_bytes": run[tail][0]["peak_bytes"], "input_bytes": run[tail][0]["input_bytes"],
+               "median_s": run[tail][0]["median_s"], "linear_pass_s": run[tail][0].get("linear_pass_s")}
+              for r, run in enumerate(runs)]
     return {"lengths": lens, "heads": H, "head_dim": D, "times_s": times, "time_range_s": spread,
             "naive_peak_bytes": peak, "exponents": exps, "failed": failed, "rounds": rounds,
             "model_8k_to_128k": {k: growth[k]["factor"] for k in ("attention", "mlp")}}
@@ -157,6 +184,8 @@ def decide_one(rnd: dict, failed=()) -> Decision:
 
 def decide(measured: dict) -> Decision:
     failed = measured.get("failed") or []
+    if not measured["rounds"]:
+        return Decision(verdict(None), "no naive round ran", ["naive runs failed: " + "; ".join(failed)])
     d = over_repeats([in_regime(regime(r), decide_one(r, failed)) for r in measured["rounds"]])
     e, model = measured["exponents"], measured.get("model_8k_to_128k", {})
     fmt = lambda x: "none" if x is None else f"{x:.2f}"

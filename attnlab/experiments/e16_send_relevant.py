@@ -41,9 +41,15 @@ _THRESHOLD_MIDDLE_HALF = (
     "middle half of 7 rounds' ratios above 2x); not supported if the long prompts answer better by more than 2 "
     "standard errors or the time ratio is below 2x beyond its spread (the middle half below 2x); inconclusive "
     "otherwise. Repetitions (independent haystack and fact draws, 3 at full scale) must agree.")
-REGIME = ("The model learned the task: first-digit accuracy >= 80% on a short context (a quarter of the trained "
-          "length) with no distractor, and >= 80% at the trained length beside one same-form distractor (it reads the "
-          "key). The long prompt reaches the trained length with >= 4 same-form distractors.")
+REGIME = ("The model learned the task at the length it was trained on: first-digit accuracy >= 80% at the trained "
+          "length beside one same-form distractor (it reads the key). The long prompt reaches the trained length with "
+          ">= 4 same-form distractors. The fact alone in a short context is the condition compared, so it is "
+          "measured, not required.")
+# The regime of 2026-12-02, kept as it was (CHANGES quotes it): the short fact-alone probe required too.
+_REGIME_WITH_BASE = ("The model learned the task: first-digit accuracy >= 80% on a short context (a quarter of the "
+                     "trained length) with no distractor, and >= 80% at the trained length beside one same-form "
+                     "distractor (it reads the key). The long prompt reaches the trained length with >= 4 same-form "
+                     "distractors.")
 CHANGES = [
     {"date": "2026-12-02", "what": "method and regime: facts planted in real text replace the synthetic recall task; "
                                    "the accuracy margin is 2 standard errors of each repetition's probes",
@@ -89,6 +95,19 @@ CHANGES.append(
              "3 repetitions (reference bbc92d7). Verdict after: reports/HISTORY.md, the reference run at the commit "
              "that made this change.")})
 CHANGES.append(needle_changes.batch_change("supported in 3 of 3 repetitions"))
+CHANGES.append(
+    {"date": "2026-12-07", "what": "regime: the short fact-alone probe leaves it (measured and shown, not required)",
+     "old": _REGIME_WITH_BASE,
+     "new": REGIME,
+     "why": ("Issue 29's independent read: the accuracy half fails only if a long prompt answers better than the fact "
+             "alone, and the regime required the fact alone in a short context (a quarter of the trained length, "
+             "next to the 28-byte relevant-only prompt) to score >= 80%, so a model for which a short prompt is off "
+             "its training could not reach the regime: the half could fail only inside a band the regime had already "
+             "narrowed. The regime now asks only what the long prompts need (the key read beside a look-alike at the "
+             "trained length); the short prompt's accuracy, wherever it lands, is the measurement, against both long "
+             "prompts. Prediction and threshold unchanged. Verdict before: supported (reference b1c16d5, 3 of 3 "
+             "repetitions: relevant only 100%, everything 92-96%, padded 100%); after, on the same data: supported "
+             "(3 of 3; the look-alike condition 99.0-99.6%).")})
 EST_S = {"quick": 8, "full": 30}
 BATCH, ROUNDS = 32, 7
 PADDED = "padded, no distractor"  # the control: the fact in corpus text at the trained length
@@ -143,6 +162,9 @@ def decide_one(rep: dict, batch: int) -> Decision:
         reasons.append(f"accuracy: relevant only {short['acc']:.0%} ({short['tokens']} bytes) vs {name} "
                        f"{other['acc']:.0%} ({other['tokens']} bytes, {other['facts'] - 1} distractors); {name} better "
                        f"by more than 2 s.e. ({2 * se * 100:.1f} points): {'yes' if up else 'no'}")
+    base = rep["base"]
+    reasons.append(f"shown (not required): the fact alone at a quarter of the trained length {base['acc']:.0%} "
+                   f"({base['tokens']} bytes)")
     r = clears(ratio, 2.0)
     lo, hi = middle_half(ratio)
     reasons += [f"prefill of {batch} prompts: {mean(short['prefill_s']) * 1e3:.2f} ms vs {mean(long_['prefill_s']) * 1e3:.2f}"
@@ -166,7 +188,9 @@ def decide_one(rep: dict, batch: int) -> Decision:
 
 def regime(rep: dict, train_len: int) -> list[dict]:
     long_ = rep["kinds"]["everything"]
-    return needle.learned_conditions(rep["base"], rep["pair"]) + [
+    # learned_conditions' first is the fact alone in a short context: the very condition this claim compares, so it
+    # is shown in the reasons, not required (CHANGES 2026-12-07)
+    return needle.learned_conditions(rep["base"], rep["pair"])[1:] + [
             condition("long prompt", long_["tokens"], f">= {train_len} bytes (the trained length)",
                       long_["tokens"] >= train_len),
             condition("distractors", long_["facts"] - 1, ">= 4", long_["facts"] - 1 >= 4)]
