@@ -315,6 +315,9 @@ def test_e08():
     assert len(d.repeats) == 3 and d.regime and all(c["met"] for c in d.regime)
     check("e08_remedies", _e08(rem=(1.0, 0.99, 1.0)), NOT_SUPPORTED)  # the remedies recall as well
     check("e08_remedies", _e08(exps=({**E08_EXPS, "sliding": 2.2},) * 3), NOT_SUPPORTED)  # a remedy grows faster
+    # below exact attention's but not near its predicted exponent: n^1.8 is no linear-cost remedy
+    check("e08_remedies", _e08(exps=({**E08_EXPS, "linear": 1.8},) * 3), NOT_SUPPORTED)
+    check("e08_remedies", _e08(exps=({**E08_EXPS, "block_sparse": 1.6},) * 3), SUPPORTED)  # within block_sparse's 1.65
     check("e08_remedies", _e08(exps=({**E08_EXPS, "block_sparse": 0.68},) * 3), INCONCLUSIVE)  # implausible fit
     check("e08_remedies", _e08(rem=(0.97, 0.96, 0.97)), INCONCLUSIVE)  # exact ahead by less than the margin
     d = check("e08_remedies", _e08(exps=(E08_EXPS, {**E08_EXPS, "linear": 2.1}, E08_EXPS)), INCONCLUSIVE)

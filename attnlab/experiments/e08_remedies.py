@@ -21,6 +21,20 @@ CLAIM = ("Sliding-window, block-sparse, linear attention and state-space models 
 PREDICTION = ("At long n their time grows with exponents near 1 (block_sparse ~1.5) against ~2 for exact attention; on "
               "MQAR, models with a bounded window or fixed-size state recall less than exact attention at equal budget.")
 THRESHOLD = ("Each repetition (one timing round, one recall seed) is decided alone: supported if every remedy's time "
+             "exponent is below exact attention's and near its predicted one (nearer it than exact attention's 2, by "
+             "0.1: <= 1.4 for the window, linear attention and the SSM, <= 1.65 for block_sparse), and exact "
+             "attention's MQAR accuracy at the largest pair count is "
+             "above linear attention's and the SSM's by more than 5 points, the models with a fixed-size state the "
+             "prediction names; the sliding window's and block_sparse's recall aside (the window's is bounded by its "
+             "reach, layers x window tokens, whatever it learns; block_sparse has neither a bounded window nor a fixed "
+             "state, so the prediction says nothing of its recall: shown, not decided). Not supported if a check fails "
+             "(a remedy's exponent not below exact attention's or above its bound, or a decided remedy recalling as "
+             "well or better); inconclusive if a "
+             "recall difference is within 5 points or a fitted exponent is physically implausible (below 0.5, or an "
+             "O(n*sqrt(n)) or quadratic kernel below 1: a measuring fault, not a result). Repetitions that disagree "
+             "make the verdict inconclusive (unstable).")
+# The threshold of 2026-12-06, kept as it was (CHANGES quotes it): exponents only below exact attention's.
+THRESHOLD_1206 = ("Each repetition (one timing round, one recall seed) is decided alone: supported if every remedy's time "
              "exponent is below exact attention's and exact attention's MQAR accuracy at the largest pair count is "
              "above linear attention's and the SSM's by more than 5 points, the models with a fixed-size state the "
              "prediction names; the sliding window's and block_sparse's recall aside (the window's is bounded by its "
@@ -147,7 +161,7 @@ CHANGES.append(recall.SSM_GATE_CHANGE)  # also in claim 3's CHANGES, which shows
 CHANGES.append(
     {"date": "2026-12-06", "what": "threshold and regime: block_sparse's recall shown, not decided (as the sliding "
                                    "window's)",
-     "old": THRESHOLD_1205 + " Regime: " + REGIME_1205, "new": THRESHOLD + " Regime: " + REGIME,
+     "old": THRESHOLD_1205 + " Regime: " + REGIME_1205, "new": THRESHOLD_1206 + " Regime: " + REGIME,
      "why": ("The threshold decided more than the prediction says. The prediction, fixed before measuring, is that "
              "'models with a bounded window or fixed-size state recall less than exact attention': the sliding "
              "window, linear attention and the SSM. block_sparse is neither: what it attends grows with n. What it "
@@ -185,6 +199,18 @@ CHANGES.append(
              "sweep was extended once past its top (1e-3 0.19, 3e-3 0.90, 9e-3 0.94, 2.7e-2 0.03 validation "
              "accuracy, best 9e-3): these three rates bracket that best without the run at 1e-3 (about 100 "
              "job-seconds). Verdict before: supported (3c4b14b); after: the reference run that follows this change.")})
+CHANGES.append(
+    {"date": "2026-12-07", "what": "threshold: each remedy's exponent decided near its predicted one, not only below "
+                                   "exact attention's",
+     "old": THRESHOLD_1206,
+     "new": THRESHOLD,
+     "why": ("Issue 29's independent read: the prediction says the remedies grow 'with exponents near 1 (block_sparse "
+             "~1.5)', and the threshold asked only that they be below exact attention's (~2), so a remedy growing like "
+             "n^1.8 would have passed. 'Near' is read as nearer the predicted exponent than exact attention's 2, by 0.1 "
+             "(<= 1.4 for the window, linear attention and the SSM; <= 1.65 for block_sparse). Set after the data were "
+             "seen: the reference b1c16d5's exponents were sliding 1.04-1.12, block_sparse 1.45-1.48, linear "
+             "1.15-1.24, SSM 0.95-1.02 over 3 rounds. Prediction and regime unchanged. Verdict before: supported (3 of "
+             "3 repetitions); after, on the same data: supported (3 of 3).")})
 REMEDIES = ("sliding", "block_sparse", "linear", "ssm")
 RECALL_DECIDED = ("linear", "ssm")
 RECALL_SHOWN = ("sliding", "block_sparse")  # recall shown, not decided (THRESHOLD says why), on one seed
@@ -197,6 +223,10 @@ EST_S = {"quick": 3, "full": 60}  # seconds on a 2-core CPU, the training stage 
 TRAIN_EST_S = {"quick": 30, "full": 700}  # this claim's share of the training stage (training.py), in seconds
 WINDOW = recall.MODEL_FIELDS["sliding"]["window"]  # the recall model's window: the one timed
 RECALL_MARGIN, MIN_N_PER_WINDOW = 0.05, 32
+PREDICTED = {"sliding": 1.0, "block_sparse": 1.5, "linear": 1.0, "ssm": 1.0}  # the PREDICTION's exponents
+# "Near" its predicted exponent: nearer it than exact attention's 2, by NEAR_BUFFER (the THRESHOLD above)
+NEAR_BUFFER = 0.1
+NEAR_BOUND = {k: (e + 2.0) / 2 - NEAR_BUFFER for k, e in PREDICTED.items()}
 LEARNED, REMEDY_LEARNED = recall.LEARNED, recall.REMEDY_LEARNED  # the regime's bars; the training stage gates on them
 
 
@@ -255,8 +285,12 @@ def _one(lens, times: dict, acc: dict) -> Decision:
     exps = {k: fit_exponent(lens, v) for k, v in times.items()}
     reasons = ["time exponents: " + ", ".join(f"{k} {e:.2f}" if e is not None else f"{k} ?" for k, e in exps.items())]
     implausible = [k for k, e in exps.items() if not plausible_exponent(e, LOWEST[k], 3.0)]
-    faster = all(exps[k] is not None and exps["sdpa"] is not None and exps[k] < exps["sdpa"] for k in REMEDIES)
-    reasons.append(f"every remedy's exponent below exact attention's: {'yes' if faster else 'no'}")
+    below = all(exps[k] is not None and exps["sdpa"] is not None and exps[k] < exps["sdpa"] for k in REMEDIES)
+    near = all(exps[k] is not None and exps[k] <= NEAR_BOUND[k] for k in REMEDIES)
+    faster = below and near
+    reasons.append(f"every remedy's exponent below exact attention's: {'yes' if below else 'no'}; each near its "
+                   "predicted one (" + ", ".join(f"{k} <= {NEAR_BOUND[k]:.2f}" for k in REMEDIES)
+                   + f"): {'yes' if near else 'no'}")
     if implausible:
         reasons.append("physically implausible fits (a measuring fault): " + ", ".join(implausible))
     diff = {f: acc["transformer"] - acc[f] for f in RECALL_DECIDED if f in acc}

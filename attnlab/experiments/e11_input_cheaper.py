@@ -46,6 +46,15 @@ CHANGES = [
              "nothing of its own. Pricing is about a server's batches, where decode amortises the weights over every "
              "sequence in the step; the threshold's number (3) is unchanged. The modelled GPU ratio is now for batch 32.")},
 ]
+CHANGES.append(
+    {"date": "2026-12-07", "what": "regime: recorded (it came with the change of 2026-12-02 without an entry of its own)",
+     "old": "No stated regime: one sequence of 512 prompt tokens, decided at batch 1.",
+     "new": REGIME,
+     "why": ("Issue 29's independent read: the regime was added with the batched design of 2026-12-02 and its entry "
+             "named the prediction and method only. The regime is what that design needs: a provider's batch sizes "
+             "(>= 8, <= 32), prompts long enough to be parallel work (>= 256), and a batch that really decodes "
+             "together (no more engine steps than new tokens). Nothing changes in the code or the data. Verdict: "
+             "supported (reference b1c16d5, 3 of 3 repetitions), before and after.")})
 EST_S = {"quick": 3, "full": 8}  # seconds on a 2-core CPU: the report's progress estimate
 MIN_RATIO, REPEATS = 3, FULL_REPEATS
 SETTINGS = {"quick": dict(batches=(8, 16), prompt=256, new=16), "full": dict(batches=(8, 32), prompt=256, new=32)}

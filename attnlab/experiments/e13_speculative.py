@@ -61,6 +61,14 @@ REGIME_BEST_OF = _regime("its fp32 weight bytes / the read bandwidth of a large 
 REGIME = _regime(f"a sum over as many bytes of memory as its fp32 weights, the two timed in alternation before each "
                  f"round (the median of {PAIRS} paired ratios)")
 CHANGES = speculative_changes.changes(THRESHOLD, REGIME_BEST_OF, REGIME)
+CHANGES.append(
+    {"date": "2026-12-07", "what": "method: each held-out round samples with seeds of its own",
+     "old": "every held-out round sampled prompt i with seed i: the rounds decoded the same tokens and differed in timing",
+     "new": "round r samples prompt i with seed i + 1000 r: each round draws its own tokens, acceptances and timings",
+     "why": ("Issue 29's independent read: a repetition that reruns the same sampled tokens repeats one draw of the "
+             "acceptance, so the rounds could agree on a speedup that one lucky or unlucky draw made. Round 1 keeps "
+             "the seeds it had; prompts, k, draft, prediction, threshold and regime unchanged. Verdict before: "
+             "inconclusive (regime not reached; reference b1c16d5); after: the reference at this change.")})
 EST_S = {"quick": 5, "full": 320}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
 TRAIN_EST_S = {"quick": 5, "full": 350}  # this claim's share of the training stage (training.py), in seconds
 
@@ -142,9 +150,10 @@ def _timed(fn):
     return now() - t, out
 
 
-def _sampling(i: int) -> SamplingParams:
-    """The timed decoding's settings for prompt ``i``: sampling at TEMPERATURE with a seed of its own."""
-    return SamplingParams(temperature=TEMPERATURE, seed=i)
+def _sampling(i: int, r: int = 0) -> SamplingParams:
+    """The timed decoding's settings for prompt ``i`` in held-out round ``r``: sampling at TEMPERATURE with a seed of
+    its own (each round draws its own tokens: CHANGES 2026-12-07)."""
+    return SamplingParams(temperature=TEMPERATURE, seed=i + 1000 * r)
 
 
 def _identical(target_k, draft, k: int, prompts, base, new) -> bool:
@@ -182,7 +191,7 @@ def _held_out_round(r, plain, target_k, draft, k, prompts, base, new) -> dict:
     for i, p in enumerate(prompts):
         order = [0, 1, 2] if (r + i) % 2 == 0 else [2, 1, 0]
         for j in order:
-            dt, out = _timed(lambda: paths[j](p, _sampling(i)))
+            dt, out = _timed(lambda: paths[j](p, _sampling(i, r)))
             spent[j] += dt
             if j < 2:
                 tpot[j].append(out.stats.tpot_s)
