@@ -8,15 +8,18 @@ from decide_check import check, changed
 
 
 # --- claim 9: prefill vs decode and a flat TPOT, per round, in the memory/overhead-bound regime ------------------
-def _e09_round(ratio=20.0, tpot_growth=1.2, batch_cost=1.3, lens=(64, 512), shares=(0.03, 0.22), beyond=None):
-    """Rows at lens (cache share of the weights: shares); ``beyond``: (tokens, share, TPOT growth) of a last row."""
+def _e09_round(ratio=20.0, tpot_growth=1.2, batch_cost=1.3, lens=(64, 512), shares=(0.03, 0.22), beyond=None,
+               width=None, ttft=0.08):
+    """Rows at lens (cache share of the weights: shares); ``beyond``: (tokens, share, TPOT growth) of a last row;
+    ``width``: one short prompt's prefill tokens/s over a batch's (None: a run before it was measured); ``ttft``: the
+    last row's TTFT (0.01 at the first)."""
     first = {"prompt_tokens": lens[0], "ttft_s": 0.01, "tpot_s": 0.0014, "prefill_tok_per_s": 6000.0,
              "decode_tok_per_s": 700.0, "kv_share": shares[0]}
-    row = lambda T, share, growth: {"prompt_tokens": T, "ttft_s": 0.08, "tpot_s": 0.0014 * growth,
+    row = lambda T, share, growth: {"prompt_tokens": T, "ttft_s": ttft, "tpot_s": 0.0014 * growth,
                                     "prefill_tok_per_s": ratio / (0.0014 * growth), "decode_tok_per_s": 1 / (0.0014 * growth),
                                     "kv_share": share}
     return {"rows": [first, row(lens[1], shares[1], tpot_growth)] + ([row(*beyond)] if beyond else []),
-            "batch_step_cost": batch_cost}
+            "batch_step_cost": batch_cost, **({} if width is None else {"prefill_width_used": width})}
 
 
 def _e09(*rounds):
@@ -28,6 +31,12 @@ def test_e09():
     assert len(d.repeats) == 3 and d.regime and all(c["met"] for c in d.regime)
     check("e09_prefill_decode", _e09(*[_e09_round(ratio=3.0)] * 3), NOT_SUPPORTED)  # prefill not many times decode
     check("e09_prefill_decode", _e09(*[_e09_round(tpot_growth=1.8)] * 3), NOT_SUPPORTED)  # TPOT not flat
+    # "TTFT grows slowly", decided where one short prompt leaves the parallel width idle (measured apart from it)
+    check("e09_prefill_decode", _e09(*[_e09_round(width=0.1, ttft=0.02)] * 3), SUPPORTED)  # x0.25 per token
+    d = check("e09_prefill_decode", _e09(*[_e09_round(width=0.1)] * 3), NOT_SUPPORTED)  # idle width, yet proportional
+    assert "TTFT per prompt token x1.00" in d.reasons[-1]
+    d = check("e09_prefill_decode", _e09(*[_e09_round(width=0.9)] * 3), SUPPORTED)  # width full: shown, not decided
+    assert "regime not reached" in d.reasons[-1]
     d = check("e09_prefill_decode", _e09(_e09_round(), _e09_round(tpot_growth=1.8), _e09_round()), INCONCLUSIVE)
     assert d.qualifier == UNSTABLE
     d = check("e09_prefill_decode", _e09(*[_e09_round(batch_cost=5.0)] * 3), INCONCLUSIVE)  # compute-bound decode

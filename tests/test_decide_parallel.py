@@ -318,6 +318,11 @@ def test_e08():
     # below exact attention's but not near its predicted exponent: n^1.8 is no linear-cost remedy
     check("e08_remedies", _e08(exps=({**E08_EXPS, "linear": 1.8},) * 3), NOT_SUPPORTED)
     check("e08_remedies", _e08(exps=({**E08_EXPS, "block_sparse": 1.6},) * 3), SUPPORTED)  # within block_sparse's 1.65
+    check("e08_remedies", _e08(exps=({**E08_EXPS, "linear": 1.41},) * 3), INCONCLUSIVE)  # between 1.4 and midway 1.5
+    check("e08_remedies", _e08(exps=({**E08_EXPS, "block_sparse": 1.66},) * 3), INCONCLUSIVE)  # between 1.65 and 1.75
+    check("e08_remedies", _e08(exps=({**E08_EXPS, "linear": 1.5},) * 3), NOT_SUPPORTED)  # midway: nearer 2 than 1
+    # exact attention's "~2" is decided too: an exact kernel at n^1.5 refutes the prediction
+    check("e08_remedies", _e08(exps=({**E08_EXPS, "sdpa": 1.5, "block_sparse": 1.3},) * 3), NOT_SUPPORTED)
     check("e08_remedies", _e08(exps=({**E08_EXPS, "block_sparse": 0.68},) * 3), INCONCLUSIVE)  # implausible fit
     check("e08_remedies", _e08(rem=(0.97, 0.96, 0.97)), INCONCLUSIVE)  # exact ahead by less than the margin
     d = check("e08_remedies", _e08(exps=(E08_EXPS, {**E08_EXPS, "linear": 2.1}, E08_EXPS)), INCONCLUSIVE)

@@ -145,7 +145,7 @@ def _round(width: int, lens: list, device, layers: int = 2) -> dict:
 
 
 def measure(scale: str, device: str) -> dict:
-    """One round per width: shapes are traced on "meta", the fused kernel on ``device``."""
+    """One round per shape (width, layers): traced on "meta", the fused kernel on ``device``."""
     lens = [16, 32, 64, 128] if scale == "quick" else [64, 128, 256, 512]
     return {"rounds": [_round(w, lens, device, layers) for w, layers in SHAPES[scale]]}
 

@@ -67,7 +67,7 @@ CHANGES.append(
              "three); after: the reference at this change (reports/HISTORY.md).")})
 EST_S = {"quick": 10, "full": 210}  # seconds on a 2-core CPU: the report's progress estimate
 MIN_EXPONENT, PLAUSIBLE = 1.6, (1.0, 3.0)
-REPEATS = 3  # timed calls per length, one per round
+REPEATS = 3  # rounds: each a fresh process timing one call per length
 SCORES_OVER_INPUTS, TIME_OVER_LINEAR, MIN_CALL_S = 4.0, 10.0, 1e-3  # the REGIME above, as numbers
 
 

@@ -20,16 +20,17 @@ CLAIM = ("Sliding-window, block-sparse, linear attention and state-space models 
          "and pay for it in what they can recall.")
 PREDICTION = ("At long n their time grows with exponents near 1 (block_sparse ~1.5) against ~2 for exact attention; on "
               "MQAR, models with a bounded window or fixed-size state recall less than exact attention at equal budget.")
-THRESHOLD = ("Each repetition (one timing round, one recall seed) is decided alone: supported if every remedy's time "
-             "exponent is below exact attention's and near its predicted one (nearer it than exact attention's 2, by "
-             "0.1: <= 1.4 for the window, linear attention and the SSM, <= 1.65 for block_sparse), and exact "
-             "attention's MQAR accuracy at the largest pair count is "
+THRESHOLD = ("Each repetition (one timing round, one recall seed) is decided alone: supported if exact attention's time "
+             "exponent is >= 1.6 (claim 6's bar for ~2), every remedy's is below it and near its predicted one (nearer "
+             "it than exact attention's 2 by 0.1: <= 1.4 for the window, linear attention and the SSM, <= 1.65 for "
+             "block_sparse), and exact attention's MQAR accuracy at the largest pair count is "
              "above linear attention's and the SSM's by more than 5 points, the models with a fixed-size state the "
              "prediction names; the sliding window's and block_sparse's recall aside (the window's is bounded by its "
              "reach, layers x window tokens, whatever it learns; block_sparse has neither a bounded window nor a fixed "
              "state, so the prediction says nothing of its recall: shown, not decided). Not supported if a check fails "
-             "(a remedy's exponent not below exact attention's or above its bound, or a decided remedy recalling as "
-             "well or better); inconclusive if a "
+             "(exact attention's exponent below 1.6, a remedy's not below it or at least midway to 2 from its "
+             "predicted one: >= 1.5, block_sparse >= 1.75; or a decided remedy recalling as well or better); "
+             "inconclusive if a remedy's exponent lies between its bound and the midway point, a "
              "recall difference is within 5 points or a fitted exponent is physically implausible (below 0.5, or an "
              "O(n*sqrt(n)) or quadratic kernel below 1: a measuring fault, not a result). Repetitions that disagree "
              "make the verdict inconclusive (unstable).")
@@ -207,9 +208,10 @@ CHANGES.append(
      "why": ("Issue 29's independent read: the prediction says the remedies grow 'with exponents near 1 (block_sparse "
              "~1.5)', and the threshold asked only that they be below exact attention's (~2), so a remedy growing like "
              "n^1.8 would have passed. 'Near' is read as nearer the predicted exponent than exact attention's 2, by 0.1 "
-             "(<= 1.4 for the window, linear attention and the SSM; <= 1.65 for block_sparse). Set after the data were "
-             "seen: the reference b1c16d5's exponents were sliding 1.04-1.12, block_sparse 1.45-1.48, linear "
-             "1.15-1.24, SSM 0.95-1.02 over 3 rounds. Prediction and regime unchanged. Verdict before: supported (3 of "
+             "(<= 1.4 for the window, linear attention and the SSM; <= 1.65 for block_sparse; at or past midway, 1.5 "
+             "and 1.75, refuted; between, inconclusive), and exact attention's '~2' is decided too (>= 1.6, claim 6's "
+             "bar). Set after the data were seen: the reference b1c16d5's exponents over 3 rounds were sdpa "
+             "1.93-1.97, sliding 1.04-1.12, block_sparse 1.45-1.48, linear 1.15-1.24, SSM 0.95-1.02. Prediction and regime unchanged. Verdict before: supported (3 of "
              "3 repetitions); after, on the same data: supported (3 of 3).")})
 REMEDIES = ("sliding", "block_sparse", "linear", "ssm")
 RECALL_DECIDED = ("linear", "ssm")
@@ -225,8 +227,9 @@ WINDOW = recall.MODEL_FIELDS["sliding"]["window"]  # the recall model's window: 
 RECALL_MARGIN, MIN_N_PER_WINDOW = 0.05, 32
 PREDICTED = {"sliding": 1.0, "block_sparse": 1.5, "linear": 1.0, "ssm": 1.0}  # the PREDICTION's exponents
 # "Near" its predicted exponent: nearer it than exact attention's 2, by NEAR_BUFFER (the THRESHOLD above)
-NEAR_BUFFER = 0.1
-NEAR_BOUND = {k: (e + 2.0) / 2 - NEAR_BUFFER for k, e in PREDICTED.items()}
+NEAR_BUFFER, EXACT_MIN = 0.1, 1.6  # EXACT_MIN: exact attention's "~2", claim 6's bar
+MIDWAY = {k: (e + 2.0) / 2 for k, e in PREDICTED.items()}  # at or past it, nearer 2 than the prediction: refuted
+NEAR_BOUND = {k: m - NEAR_BUFFER for k, m in MIDWAY.items()}
 LEARNED, REMEDY_LEARNED = recall.LEARNED, recall.REMEDY_LEARNED  # the regime's bars; the training stage gates on them
 
 
@@ -286,11 +289,15 @@ def _one(lens, times: dict, acc: dict) -> Decision:
     reasons = ["time exponents: " + ", ".join(f"{k} {e:.2f}" if e is not None else f"{k} ?" for k, e in exps.items())]
     implausible = [k for k, e in exps.items() if not plausible_exponent(e, LOWEST[k], 3.0)]
     below = all(exps[k] is not None and exps["sdpa"] is not None and exps[k] < exps["sdpa"] for k in REMEDIES)
-    near = all(exps[k] is not None and exps[k] <= NEAR_BOUND[k] for k in REMEDIES)
-    faster = below and near
-    reasons.append(f"every remedy's exponent below exact attention's: {'yes' if below else 'no'}; each near its "
-                   "predicted one (" + ", ".join(f"{k} <= {NEAR_BOUND[k]:.2f}" for k in REMEDIES)
-                   + f"): {'yes' if near else 'no'}")
+    exact = exps["sdpa"] is not None and exps["sdpa"] >= EXACT_MIN
+    # each remedy near its predicted exponent: True within its bound, False at or past midway to 2, None between
+    near = {k: None if exps[k] is None else True if exps[k] <= NEAR_BOUND[k] else False if exps[k] >= MIDWAY[k]
+            else None for k in REMEDIES}
+    faster = below and exact and all(v is not False for v in near.values())
+    reasons.append(f"exact attention's exponent >= {EXACT_MIN}: {'yes' if exact else 'no'}; every remedy's below it: "
+                   f"{'yes' if below else 'no'}; each near its predicted one (" + ", ".join(
+                       f"{k} <= {NEAR_BOUND[k]:.2f}: {({True: 'yes', False: 'no'}).get(near[k], 'between')}"
+                       for k in REMEDIES) + ")")
     if implausible:
         reasons.append("physically implausible fits (a measuring fault): " + ", ".join(implausible))
     diff = {f: acc["transformer"] - acc[f] for f in RECALL_DECIDED if f in acc}
@@ -308,10 +315,14 @@ def _one(lens, times: dict, acc: dict) -> Decision:
     elif any(w is None for w in wins.values()):
         ok = None
         reasons.append(f"a recall difference is within {RECALL_MARGIN:.0%}: inconclusive")
+    elif any(v is None for v in near.values()):
+        ok = None
+        reasons.append("a remedy's exponent lies between its bound and midway to 2: inconclusive")
     else:
         ok = True
     fmt = lambda e: "?" if e is None else f"{e:.2f}"
-    reasons.append(f"sdpa {fmt(exps['sdpa'])} vs " + ", ".join(f"{k} {fmt(exps[k])}" for k in REMEDIES)
+    reasons.append(f"sdpa {fmt(exps['sdpa'])} (>= {EXACT_MIN}?) vs " + ", ".join(
+                       f"{k} {fmt(exps[k])} (<= {NEAR_BOUND[k]:.2f}?)" for k in REMEDIES)
                    + f"; MQAR exact {acc['transformer']:.0%} vs " + ", ".join(f"{f} {acc[f]:.0%}" for f in diff)
                    + "; beaten by more than the margin: " + (", ".join(f for f, w in wins.items() if w) or "none")
                    + ("; shown, not decided: " + ", ".join(f"{f} {acc[f]:.0%}" for f in RECALL_SHOWN if f in acc)

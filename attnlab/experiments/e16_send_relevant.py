@@ -99,15 +99,19 @@ CHANGES.append(
     {"date": "2026-12-07", "what": "regime: the short fact-alone probe leaves it (measured and shown, not required)",
      "old": _REGIME_WITH_BASE,
      "new": REGIME,
-     "why": ("Issue 29's independent read: the accuracy half fails only if a long prompt answers better than the fact "
-             "alone, and the regime required the fact alone in a short context (a quarter of the trained length, "
-             "next to the 28-byte relevant-only prompt) to score >= 80%, so a model for which a short prompt is off "
-             "its training could not reach the regime: the half could fail only inside a band the regime had already "
-             "narrowed. The regime now asks only what the long prompts need (the key read beside a look-alike at the "
-             "trained length); the short prompt's accuracy, wherever it lands, is the measurement, against both long "
-             "prompts. Prediction and threshold unchanged. Verdict before: supported (reference b1c16d5, 3 of 3 "
-             "repetitions: relevant only 100%, everything 92-96%, padded 100%); after, on the same data: supported "
-             "(3 of 3; the look-alike condition 99.0-99.6%).")})
+     "why": ("Issue 29's independent reads: the accuracy half fails only if a long prompt answers better than the "
+             "fact alone, and the regime required the fact alone in a short context (32 bytes, beside the 28-byte "
+             "relevant-only prompt) to score >= 80%, so a model for which short prompts are off its training (it is "
+             "trained on 128-byte windows) could not reach the regime: the half could fail only inside a band the "
+             "regime had already narrowed. The regime now asks only what the long prompts need (the key read beside a "
+             "look-alike at the trained length); the short prompt's accuracy, wherever it lands, is the measurement, "
+             "against both long prompts, the padded one at the model's own length among them. A read also asked for a "
+             "ceiling condition (the fact alone must have room to be beaten). Not adopted: the claim is 'no lower', "
+             "and a perfect score is the measurement that says so; a ceiling would hide how much better the short "
+             "prompt is, which the claim does not state, and no outcome the claim forbids (a long prompt above the "
+             "short one) is left unobservable by it. Prediction and threshold unchanged. Verdict before: supported "
+             "(reference b1c16d5, 3 of 3 repetitions: relevant only 100%, everything 92-96%, padded 100%); after, on "
+             "the same data: supported (3 of 3; the look-alike condition 99.0-99.6%).")})
 EST_S = {"quick": 8, "full": 30}
 BATCH, ROUNDS = 32, 7
 PADDED = "padded, no distractor"  # the control: the fact in corpus text at the trained length
