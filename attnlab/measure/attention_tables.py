@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.measure.micro import CALIBRATION, MiB, timed
+from attnlab.measure.micro import CALIBRATION, MiB, floor_timed, timed
 
 ATTENTION_COLD_BYTES = 64 * MiB  # decode attention is also timed over distinct caches adding up to this
 
@@ -68,5 +68,5 @@ def attention_tables(dtypes: tuple[str, ...] = ("fp32",)) -> dict:
                             for T in CALIBRATION["attention_tokens"] for D in CALIBRATION["attention_head_dims"]]
                         for k, dt in kinds.items()},
             "decode": decode,
-            "floor": {"prefill": {k: timed(_sdpa(1, H, 8, 8, 8, dt), repeats=7, inner=20) for k, dt in kinds.items()},
-                      "decode": timed(_decode_attention(H, 8, 8), repeats=7, inner=50)}}
+            "floor": {"prefill": {k: floor_timed(_sdpa(1, H, 8, 8, 8, dt)) for k, dt in kinds.items()},
+                      "decode": floor_timed(_decode_attention(H, 8, 8), inner=50)}}

@@ -8,7 +8,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from attnlab.measure.micro import CALIBRATION, MiB, timed
+from attnlab.measure.micro import CALIBRATION, MiB, floor_timed, timed
 
 ELEMENT_CAP = 2 * 2 ** 20
 
@@ -74,7 +74,7 @@ def elementwise_table(dtypes: tuple[str, ...]) -> dict:
                     continue
                 rows.append([M, W, elementwise_elements(M, W, dtype != "fp32"),
                              timed(_elementwise_mix(M, W, act), repeats=5, inner=5 if M * W < 2 ** 16 else 1)])
-        out[dtype] = {"rows": rows, "floor": timed(_elementwise_mix(1, fw, act), repeats=7, inner=20)}
+        out[dtype] = {"rows": rows, "floor": floor_timed(_elementwise_mix(1, fw, act))}
     return out
 
 

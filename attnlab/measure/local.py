@@ -18,7 +18,7 @@ from attnlab.cost.hardware import Hardware, from_micro, get
 GB = 1e9
 # Bumped whenever the micro-benchmarks or the fields they record change, so an older cache entry (other fields,
 # other shapes) is measured again.
-CALIBRATION_VERSION = 15
+CALIBRATION_VERSION = 16
 
 
 def _cache_path() -> Path:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from attnlab.cost.cpu import SAMPLE_FLOOR_LOGITS
-from attnlab.measure.micro import CALIBRATION, MiB, timed
+from attnlab.measure.micro import CALIBRATION, MiB, floor_timed, timed
 
 PREFILL_FLOP_CAP = 1.3e10  # FLOPs of one timed set: keeps the table to seconds on a 2-core machine
 PREFILL_SETS = 2  # distinct layer sets the prefill table cycles through
@@ -55,8 +55,8 @@ def linear_tables(dtypes: tuple[str, ...], modules: dict | None = None, between=
     for dtype in dtypes:
         act = DTYPES[dtype]
         nbytes = {"fp32": 4, "bf16": 2, "int8": 1}[dtype]
-        floor = timed(_run_sets(sets(CALIBRATION["floor_width"], dtype, 1, 1), 1, CALIBRATION["floor_width"], act),
-                      repeats=7, inner=20)
+        floor = floor_timed(_run_sets(sets(CALIBRATION["floor_width"], dtype, 1, 1), 1, CALIBRATION["floor_width"],
+                                      act))
         prefill, decode = [], []
         for W in CALIBRATION["widths"]:
             # Two sets in turn, per set: a prefill's next layer has its own weights, and one set timed alone would
@@ -106,6 +106,6 @@ def head_table(dtypes: tuple[str, ...], modules: dict | None = None) -> dict:
             logits = torch.randn(rows, V).to(act)
             sample.append([rows, timed(lambda: greedy_rows(logits), repeats=5, inner=5)])
             tiny = torch.randn(rows, SAMPLE_FLOOR_LOGITS).to(act)
-            floor.append([rows, timed(lambda: greedy_rows(tiny), repeats=5, inner=20)])
+            floor.append([rows, floor_timed(lambda: greedy_rows(tiny), repeats=5)])
         out[dtype] = {"head": head, "sample": sample, "sample_floor": floor}
     return out
