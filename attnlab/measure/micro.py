@@ -76,10 +76,10 @@ FLOOR_SERIES = 3
 
 def floor_timed(fn, repeats: int = 7, inner: int = 20, series: int = FLOOR_SERIES) -> dict:
     """A floor (the cost of calling a kernel at a tiny shape, which the tables are taken above): the fastest of
-    ``series`` medians, each as ``timed`` gives it. Why: one median swung 2x between the calibrations of one run (the
-    bf16 elementwise floor 116, 49 and 51 us; docs/cost.md), and cost.cpu uses floors' differences (a dtype's extra
-    dispatch) and subtracts them from the tables, where a floor above a product's time left a bytes/s read off a
-    clamped difference. Calling a kernel cannot cost less than it does at its fastest, so the least median is the floor."""
+    ``series`` medians, each as ``timed`` gives it. Why: one median swung up to 2x between the calibrations of one run
+    (docs/cost.md has the figures), and cost.cpu uses floors' differences (a dtype's extra dispatch) and subtracts them
+    from the tables, where a floor above a product's time left a bytes/s read off a clamped difference. Calling a
+    kernel cannot cost less than it does at its fastest, so the least median is the floor."""
     runs = [timed(fn, repeats, warm=1 if i == 0 else 0, inner=inner) for i in range(series)]
     return {k: min(r[k] for r in runs) for k in runs[0]}
 
