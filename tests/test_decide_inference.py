@@ -125,6 +125,17 @@ def test_e10():
     assert check("e10_kv_cache", eager, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
     old = changed(_e10(), lambda m: [m.pop(k) for k in ("growth_by_repeat", "memory")])  # a run before the change
     assert check("e10_kv_cache", old, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    # the prediction's own clauses, as growth exponents of the step times over the contexts (speedups grow in each)
+    def powers(uncached, cached):
+        return lambda m: m.update(repeats=[[{"context": T, "cached_tpot_s": 1e-3 * (T / 64) ** cached,
+                                             "uncached_tpot_s": 4e-3 * (T / 64) ** uncached,
+                                             "speedup": 4 * (T / 64) ** (uncached - cached)} for T in m["lengths"]]] * 3)
+    d = check("e10_kv_cache", changed(_e10(), powers(1.0, 0.1)), SUPPORTED)
+    assert "uncached 1.00 (in proportion, 0.7-1.4? yes), cached 0.10" in d.reasons[-1]
+    check("e10_kv_cache", changed(_e10(), powers(1.9, 0.1)), NOT_SUPPORTED)  # quadratic, not in proportion
+    check("e10_kv_cache", changed(_e10(), powers(1.45, 0.1)), INCONCLUSIVE)  # between the bands
+    check("e10_kv_cache", changed(_e10(), powers(1.8, 0.8)), NOT_SUPPORTED)  # the cached step grows too
+    check("e10_kv_cache", changed(_e10(), powers(1.0, 0.5)), INCONCLUSIVE)  # neither flat nor growing in proportion
 
 
 # --- claim 12: end-to-end chat time, per repetition, with the original threshold beside -------------------------
@@ -215,6 +226,14 @@ def test_e13():
     check("e13_speculative", sampled, SUPPORTED)
     sampled_loops = changed(sampled, lambda m: m["distinct_4grams"].update(sampled=0.3))
     assert check("e13_speculative", sampled_loops, INCONCLUSIVE).qualifier == REGIME_NOT_REACHED
+    # each round's own draw decides its condition (6): one round whose text looped leaves the regime there alone
+    per_round = changed(sampled, lambda m: [r.update(distinct_4grams_sampled=v) for r, v in
+                                            zip(m["rounds"], (0.85, 0.3, 0.8))])
+    d = check("e13_speculative", per_round, INCONCLUSIVE)
+    assert d.qualifier == REGIME_NOT_REACHED and [c["met"] for c in d.regime].count(False) == 1
+    # and a loop in the once-drawn text no longer stands for rounds that drew varied text
+    check("e13_speculative", changed(sampled_loops, lambda m: [r.update(distinct_4grams_sampled=0.8)
+                                                               for r in m["rounds"]]), SUPPORTED)
 
 
 @pytest.mark.parametrize("outside", [dict(step_ms=9.0),  # the step is overhead, not weight traffic (2.7x ideal)

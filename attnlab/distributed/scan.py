@@ -52,6 +52,14 @@ def incoming_state(decays: list[torch.Tensor], ends: list[torch.Tensor], rank: i
 
 
 @torch.no_grad()
+def chunk_scan(u, delta, A, Bt, Ct, start):
+    """Phase 1 on one chunk (or on the whole sequence, which is what one process does): y (B, t, E) before the D u
+    skip, the state at the chunk's end (B, E, N) and its decay prod_t exp(Delta_t A) (B, E, N)."""
+    y, end = sequential_scan(u, delta, A, Bt, Ct, start)
+    return y, end, torch.exp(delta.sum(1)[..., None] * A)
+
+
+@torch.no_grad()
 def scan_split(u, delta, A, Bt, Ct, D, h0, group=None, clock=time.thread_time):
     """This rank's share of ``selective_scan``: u, delta (B, t, E); A (E, N); Bt, Ct (B, t, N); D (E,); h0 (B, E, N),
     the whole sequence's initial state (used by rank 0 only) -> y (B, t, E) and the state after this rank's chunk.
@@ -61,9 +69,7 @@ def scan_split(u, delta, A, Bt, Ct, D, h0, group=None, clock=time.thread_time):
     path (max over ranks of each) without counting the collective's wait."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     c0 = clock()
-    start = h0 if rank == 0 else torch.zeros_like(h0)
-    y, end = sequential_scan(u, delta, A, Bt, Ct, start)  # y (B, t, E) before the D u skip; end (B, E, N)
-    decay = torch.exp(delta.sum(1)[..., None] * A)  # (B, E, N): prod_t exp(Delta_t A)
+    y, end, decay = chunk_scan(u, delta, A, Bt, Ct, h0 if rank == 0 else torch.zeros_like(h0))
     c1 = clock()
     parts = [torch.empty((2,) + end.shape, dtype=end.dtype, device=end.device) for _ in range(world)]
     dist.all_gather(parts, torch.stack([decay, end]).contiguous(), group=group)

@@ -3,9 +3,9 @@
 Three computations over one sequence of T positions (attention over ``attn_T`` when the setup gives one), each
 timed ``calls`` times after a warm-up: ring attention forward + backward on this rank's zig-zag share, the SSM's
 scan split by summaries (distributed/scan.py) on this rank's chunk, and an LSTM on its T/P steps, started only once
-the previous rank hands over its final state (the relay: the exact split of a nonlinear recurrence), beside the
-whole sequence on rank 0 alone. Then one exchange of a key/value block between neighbours, the communication a
-ring step waits for.
+the previous rank hands over its final state (the relay: the exact split of a nonlinear recurrence); the two
+recurrences each beside the whole sequence on rank 0 alone, in the same launch. Then one exchange of a key/value
+block between neighbours, the communication a ring step waits for.
 
 Each rank reports its own compute time per call on ``clock``: its thread's CPU time on CPUs (waits for peers and
 turns given to other tenants excluded), synchronised wall time on a GPU. The caller turns them into critical paths.
@@ -56,24 +56,60 @@ def _attention(rank, world, s, dev, clock, out) -> None:
         del q, k, v
 
 
-def _ssm(rank, world, s, dev, clock, out) -> None:
-    from attnlab.distributed.scan import scan_split, split_lengths
+def _alone(clock, times: list, work):
+    """One call of the unsplit side: ``work`` (the whole sequence, on rank 0; falsy on the other ranks) between
+    barriers, its ``clock`` time appended to ``times`` when kept, while the other ranks wait."""
+    def unsplit(keep):
+        dist.barrier()
+        if work:
+            c0 = clock()
+            work()
+            c1 = clock()
+            if keep:
+                times.append(c1 - c0)
+        dist.barrier()
+    return unsplit
 
-    t, B, E, N = split_lengths(s["T"], world)[rank], s["ssm_batch"], s["ssm_dim"], s["ssm_state"]
-    g = torch.Generator().manual_seed(rank)
+
+def _alternate(split, unsplit, calls: int) -> None:
+    """A warm-up pair, then ``calls`` pairs kept, the order of each pair alternating (one clock, both sides)."""
+    for call in range(calls + 1):
+        for fn in ((split, unsplit) if call % 2 == 0 else (unsplit, split)):
+            fn(call > 0)
+
+
+def _scan_inputs(B: int, t: int, E: int, N: int, seed: int, dev: torch.device) -> tuple:
+    """Random inputs of the selective scan over t steps: u, delta (B, t, E); A (E, N); Bt, Ct (B, t, N); D (E,); h0."""
+    g = torch.Generator().manual_seed(seed)
     u, delta = torch.randn(B, t, E, generator=g), torch.rand(B, t, E, generator=g) * 0.1
     Bt, Ct = torch.randn(B, t, N, generator=g), torch.randn(B, t, N, generator=g)
     A, D, h0 = -torch.rand(E, N, generator=g) - 0.1, torch.randn(E, generator=g), torch.zeros(B, E, N)
-    u, delta, Bt, Ct, A, D, h0 = (x.to(dev) for x in (u, delta, Bt, Ct, A, D, h0))
-    for call in range(s["calls"] + 1):
+    return tuple(x.to(dev) for x in (u, delta, A, Bt, Ct, D, h0))
+
+
+def _ssm(rank, world, s, dev, clock, out) -> None:
+    """The split scan on this rank's chunk; with P > 1 rank 0 also scans the whole sequence alone in the same launch,
+    before or after each split call in turn, as the LSTM's relay is paired (``_lstm``): the split's critical path and
+    the unsplit scan then share one clock and one launch's pace."""
+    from attnlab.distributed.scan import chunk_scan, scan_split, split_lengths
+
+    B, E, N = s["ssm_batch"], s["ssm_dim"], s["ssm_state"]
+    u, delta, A, Bt, Ct, D, h0 = _scan_inputs(B, split_lengths(s["T"], world)[rank], E, N, rank, dev)
+    whole = _scan_inputs(B, s["T"], E, N, world, dev) if world > 1 and rank == 0 else None
+
+    def split(keep):
         dist.barrier()
         w0 = _wall(dev)
         _, _, phases = scan_split(u, delta, A, Bt, Ct, D, h0, clock=clock)
         dist.barrier()
-        if call:
+        if keep:
             out["ssm_scan_s"].append(phases["scan_s"])
             out["ssm_fix_s"].append(phases["fix_s"])
             out["ssm_wall_s"].append(_wall(dev) - w0)
+
+    # what one process's scan_split does in its phase 1, over all T steps
+    unsplit = _alone(clock, out["ssm_whole_s"], whole is not None and (lambda: chunk_scan(*whole[:5], whole[6])))
+    _alternate(split, unsplit, s["calls"])
 
 
 @torch.no_grad()
@@ -103,19 +139,7 @@ def _lstm(rank, world, s, dev, clock, out) -> None:
             out["lstm_s"].append(c1 - c0)
             out["lstm_wall_s"].append(_wall(dev) - w0)
 
-    def unsplit(keep):
-        dist.barrier()
-        if whole is not None:
-            c0 = clock()
-            lstm(whole)
-            c1 = clock()
-            if keep:
-                out["lstm_whole_s"].append(c1 - c0)
-        dist.barrier()
-
-    for call in range(s["calls"] + 1):  # the first call warms up
-        for fn in ((relay, unsplit) if call % 2 == 0 else (unsplit, relay)):
-            fn(call > 0)
+    _alternate(relay, _alone(clock, out["lstm_whole_s"], whole is not None and (lambda: lstm(whole))), s["calls"])
 
 
 def _exchange_s(rank, world, s, dev) -> float:
@@ -143,7 +167,7 @@ def rank_work(rank: int, world: int, setup: dict, device: str, parts=("attn", "s
     mapped = map_large_allocations() if dev.type == "cpu" else False
     clock = clock_for(dev)
     out = {k: [] for k in ("attn_s", "attn_wall_s", "attn_peak_bytes", "ssm_scan_s", "ssm_fix_s", "ssm_wall_s",
-                           "lstm_s", "lstm_wall_s", "lstm_whole_s")}
+                           "ssm_whole_s", "lstm_s", "lstm_wall_s", "lstm_whole_s")}
     for part, fn in (("attn", _attention), ("ssm", _ssm), ("lstm", _lstm)):
         if part in parts:
             fn(rank, world, setup, dev, clock, out)
