@@ -148,6 +148,12 @@ def test_e17():
     assert d.qualifier == REGIME_NOT_REACHED
     d = check("e17_split_devices", _e17(*[_e17_round(chunk=0.28, one_ssm=1.6, paired=True)] * 3), SUPPORTED)
     assert "SSM 0.55x" in d.figure and any("same launch" in c["name"] and c["shown"] == "1.12x" for c in d.regime)
+    # each call is paired with its own whole scan: a launch whose pace moved between calls (1.0, 1.6, 1.0) reads the
+    # same split in every pair, where a range over the calls would straddle the threshold
+    drift = _e17_round(chunk=0.28, paired=True)
+    drift["four"].update(ssm_s=[0.55, 0.88, 0.55], ssm_whole_s=[1.0, 1.6, 1.0], ssm_chunk_scan_s=[0.28, 0.45, 0.28])
+    d = check("e17_split_devices", _e17(*[drift] * 3), SUPPORTED)
+    assert "4 / 1: 0.55 (range 0.55-0.55)" in d.reasons[0]
     # paired, the split that did not gain still refutes, however slow the 1-process launch was
     check("e17_split_devices", _e17(*[_e17_round(chunk=0.28, ssm4=0.98, one_ssm=1.6, paired=True)] * 3), NOT_SUPPORTED)
     check("e17_split_devices", _e17(*[_e17_round(chunk=0.1)] * 3, devices=4), SUPPORTED)  # a core each: no stand-in

@@ -131,11 +131,16 @@ def test_e10():
                                              "uncached_tpot_s": 4e-3 * (T / 64) ** uncached,
                                              "speedup": 4 * (T / 64) ** (uncached - cached)} for T in m["lengths"]]] * 3)
     d = check("e10_kv_cache", changed(_e10(), powers(1.0, 0.1)), SUPPORTED)
-    assert "uncached 1.00 (in proportion, 0.7-1.4? yes), cached 0.10" in d.reasons[-1]
+    assert "uncached 1.00 (in proportion, 0.6-1.4? yes), cached 0.10" in d.reasons[-1]
     check("e10_kv_cache", changed(_e10(), powers(1.9, 0.1)), NOT_SUPPORTED)  # quadratic, not in proportion
+    check("e10_kv_cache", changed(_e10(), powers(1.51, 0.1)), NOT_SUPPORTED)  # past midway to quadratic
     check("e10_kv_cache", changed(_e10(), powers(1.45, 0.1)), INCONCLUSIVE)  # between the bands
-    check("e10_kv_cache", changed(_e10(), powers(1.8, 0.8)), NOT_SUPPORTED)  # the cached step grows too
-    check("e10_kv_cache", changed(_e10(), powers(1.0, 0.5)), INCONCLUSIVE)  # neither flat nor growing in proportion
+    check("e10_kv_cache", changed(_e10(), powers(0.61, 0.1)), SUPPORTED)  # inside the near band's lower edge
+    check("e10_kv_cache", changed(_e10(), powers(0.55, 0.05)), INCONCLUSIVE)  # between the bands
+    check("e10_kv_cache", changed(_e10(), powers(0.49, 0.0)), NOT_SUPPORTED)  # past midway to flat
+    check("e10_kv_cache", changed(_e10(), powers(1.2, 0.51)), NOT_SUPPORTED)  # the cached step grows, past midway
+    check("e10_kv_cache", changed(_e10(), powers(1.2, 0.45)), INCONCLUSIVE)  # cached: between the bands
+    check("e10_kv_cache", changed(_e10(), powers(0.9, -0.6)), INCONCLUSIVE)  # faster with context: a cold call
 
 
 # --- claim 12: end-to-end chat time, per repetition, with the original threshold beside -------------------------

@@ -101,6 +101,18 @@ def test_ssm_scan_split_across_processes_equals_one_process():
             assert r["alone"] > 100 * SCAN_TOL, (rank, case, r)  # the exchange is what makes the chunks right
 
 
+def test_claim_17_probe_pairs_each_split_call_with_a_whole_run_on_rank_0():
+    """2 real ranks, a tiny setup: every kept split call has its whole-sequence partner on rank 0 (and none on rank 1),
+    so the pairs line up by index; the collectives of both ranks match (no hang)."""
+    from attnlab.experiments import split_probe
+
+    setup = dict(T=64, H=2, D=8, lstm_dim=8, ssm_dim=8, ssm_state=4, ssm_batch=1, calls=2)
+    zero, one = run_local(split_probe.rank_work, 2, setup, "cpu", ("ssm", "lstm"), timeout_s=120)
+    for key in ("ssm_whole_s", "ssm_whole_wall_s", "lstm_whole_s"):
+        assert len(zero[key]) == len(zero["ssm_scan_s"]) == 2 and one[key] == [], key
+    assert len(one["ssm_scan_s"]) == len(one["lstm_s"]) == 2 and all(t > 0 for t in zero["ssm_whole_s"])
+
+
 def test_split_lengths_cuts_equal_chunks():
     from attnlab.distributed.scan import split_lengths
 

@@ -52,8 +52,8 @@ REGIME = ("Devices that compute apart: >= 2 CPU cores (or >= 2 GPUs with --devic
           "quarter of the sequence takes 0.8-1.5x a quarter of the whole scan run alone on rank 0 in the same launch "
           "(the median over the calls' pairs: sharing the cores neither adds nor hides work); the 4-process wall time "
           "on the cores at hand is shown beside it.")
-# The threshold and regime as they read from 2026-12-05 and 2026-12-07 (CHANGES quotes them).
-_THRESHOLD_SHARED_LAUNCH = ("Each part's time is its critical path: on CPUs the compute thread's CPU time (what it takes when each "
+# Wordings CHANGES quotes as they read before a change: the SSM's ratio across launches, and its stand-in check.
+_THRESHOLD_SSM_ACROSS_LAUNCHES = ("Each part's time is its critical path: on CPUs the compute thread's CPU time (what it takes when each "
              "process has a core of its own; waits for peers and turns given to other processes excluded, wall time "
              "recorded beside it): attention the slowest process, the SSM the slowest process's scan plus the "
              "slowest correction, the LSTM the sum over the chain of processes; on GPUs the same with synchronised "
@@ -75,7 +75,7 @@ _REGIME_STAND_IN_ACROSS_LAUNCHES = ("Devices that compute apart: >= 2 CPU cores 
           "core of its own (the split's critical path on 4 cores), and that stand-in is checked: a rank's scan of its "
           "quarter of the sequence takes 0.8-1.5x a quarter of the whole scan on one process (sharing the cores "
           "neither adds nor hides work); the 4-process wall time on the cores at hand is shown beside it.")
-# The regime of 2026-12-02, kept as it was (CHANGES quotes it): the CPU-time stand-in stated, not checked.
+# The regime CHANGES quotes as it read before the stand-in was checked: stated, not measured.
 _REGIME_PROXY_UNCHECKED = (
     "Devices that compute apart: >= 2 CPU cores (or >= 2 GPUs with --device cuda; 4 processes need 4 GPUs, on CPUs 4 "
     "processes share the cores and each one's CPU time stands for a core of its own); a sequence long enough that the "
@@ -153,7 +153,7 @@ CHANGES.append(
              f"attention's ratio at 2 or the SSM's at 4 is >= {NO_SPLIT} (it did not split), attention's memory ratio "
              f">= {NO_MEM}, or the LSTM's at 2 or 4 <= {ATTN_TIME} (the nonlinear recurrence split after all); "
              "otherwise inconclusive. Regime: " + REGIME_OLD),
-     "new": _THRESHOLD_SHARED_LAUNCH + " Regime: " + _REGIME_PROXY_UNCHECKED,
+     "new": _THRESHOLD_SSM_ACROSS_LAUNCHES + " Regime: " + _REGIME_PROXY_UNCHECKED,
      "why": ("Issue 29's independent read: the relay sums the chain's links, each rank waiting for the previous one's "
              "state, so its ratio is about 1 by construction (reference 679adec: 0.99-1.06) and this half could not "
              "come out the other way; this module's caveats already said so. What could refute 'a nonlinear "
@@ -182,12 +182,12 @@ CHANGES.append(
 CHANGES.append(
     {"date": "2026-12-07", "what": "method: the SSM's one-process scan from the same launch (prediction, threshold "
                                    "values and regime bounds unchanged)",
-     "old": "THRESHOLD: " + _THRESHOLD_SHARED_LAUNCH + " REGIME: " + _REGIME_STAND_IN_ACROSS_LAUNCHES,
+     "old": "THRESHOLD: " + _THRESHOLD_SSM_ACROSS_LAUNCHES + " REGIME: " + _REGIME_STAND_IN_ACROSS_LAUNCHES,
      "new": "THRESHOLD: " + THRESHOLD + " REGIME: " + REGIME,
      "why": ("The reference at 6685c0e read inconclusive (regime not reached): the stand-in check read 0.81, 0.70 and "
              "0.95 over its 3 rounds because round 2's one-process launch scanned the same sequence in 0.44-0.52 s "
              "against 0.35-0.44 s in the other rounds, so every ratio over it read low (the decided 4 / 1 ratio 0.45, "
-             "0.45, 0.52; the 4-process wall time 0.66x). That is launch-to-launch pace, which the LSTM's ratio "
+             "0.39, 0.52; the 4-process wall time 0.66x). That is launch-to-launch pace, which the LSTM's ratio "
              "stopped depending on at the 2026-12-03 change; the SSM's decided ratio and its check now take the same "
              "remedy (MEASURING.md: both sides on one clock, alternating). Verdict before: inconclusive (regime not "
              "reached; reference 6685c0e); after: the reference at this change (the paired whole scan was not "
@@ -214,6 +214,7 @@ def _row(P: int, res: list[dict]) -> dict:
            "ssm_chunk_scan_s": [max(r["ssm_scan_s"][i] for r in res) for i in calls],  # phase 1 alone: the stand-in check
            "ssm_wall_s": [max(r["ssm_wall_s"][i] for r in res) for i in calls],
            "ssm_whole_s": res[0].get("ssm_whole_s", []),  # rank 0 alone over the whole sequence, same launch (P > 1)
+           "ssm_whole_wall_s": res[0].get("ssm_whole_wall_s", []),
            "lstm_s": [sum(r["lstm_s"][i] for r in res) for i in calls],  # a chain: its links' times add up
            "lstm_whole_s": res[0]["lstm_whole_s"],  # rank 0 alone over the whole sequence, same launch (P > 1)
            "lstm_wall_s": [max(r["lstm_wall_s"][i] for r in res) for i in calls]}
@@ -256,16 +257,30 @@ def _range(one: list, two: list) -> tuple[float, float, float]:
     return min(two) / max(one), med(two) / med(one), max(two) / min(one)
 
 
-def _paired(row: dict, part: str = "lstm") -> tuple[float, float, float]:
-    """(low, median, high) over the calls of ``part``'s split time / the whole sequence's on rank 0 in the same launch
-    (call i's pair ran back to back, its order alternating)."""
-    ratios = sorted(c / w for c, w in zip(row[f"{part}_s"], row[f"{part}_whole_s"]))
+def _pairs(split: list, whole: list) -> tuple[float, float, float]:
+    """(low, median, high) over the calls of split / whole, call i's pair run back to back in one launch (its order
+    alternating)."""
+    ratios = sorted(c / w for c, w in zip(split, whole))
     return ratios[0], ratios[len(ratios) // 2], ratios[-1]
+
+
+def _paired(row: dict, part: str = "lstm") -> tuple[float, float, float]:
+    """``part``'s split time / the whole sequence's on rank 0 in the same launch, over the calls."""
+    return _pairs(row[f"{part}_s"], row[f"{part}_whole_s"])
 
 
 def _ssm_ratio(one: dict, side: dict) -> tuple[float, float, float]:
     """The SSM's P / 1: paired within the P-process launch; runs before that change, across launches."""
     return _paired(side, "ssm") if side.get("ssm_whole_s") else _range(one["ssm_s"], side["ssm_s"])
+
+
+def _wall_ratio(rnd: dict) -> tuple[float, float, float]:
+    """The SSM split's wall time at 4 processes over the whole scan's: paired in the launch where recorded (rank 0
+    alone while the others wait), else across launches."""
+    four = rnd["four"]
+    if four.get("ssm_whole_wall_s"):
+        return _pairs(four["ssm_wall_s"], four["ssm_whole_wall_s"])
+    return _range(rnd["one"]["ssm_wall_s"], four["ssm_wall_s"])
 
 
 def _stand_in(one: dict, four: dict) -> float:
@@ -345,10 +360,12 @@ def decide(m: dict) -> Decision:
                  for r in m["rounds"]]
     d = over_repeats(decisions)
     if m["devices"] < 4 and not str(m.get("device", "")).startswith("cuda"):
-        walls = [_range(r["one"]["ssm_wall_s"], r["four"]["ssm_wall_s"]) for r in m["rounds"]
+        walls = [_wall_ratio(r) for r in m["rounds"]
                  if r.get("four", {}).get("ssm_wall_s") and r.get("one", {}).get("ssm_wall_s")]
         if walls:
-            d.reasons.append(f"{SHOWN}: the SSM split's wall time, 4 processes on {m['devices']} cores / 1, by round: "
+            paired = all(r.get("four", {}).get("ssm_whole_wall_s") for r in m["rounds"])
+            d.reasons.append(f"{SHOWN}: the SSM split's wall time, 4 processes on {m['devices']} cores / 1"
+                             + (" (the whole scan's on rank 0 in the same launch)" if paired else "") + ", by round: "
                              + ", ".join(f"{w[1]:.2f} (range {w[0]:.2f}-{w[2]:.2f})" for w in walls)
                              + " (the cores at hand bound it; the decided ratio is per-process CPU time)")
     d.reasons.append(f"load average {m['load_avg'][0]:.1f} while measuring (CPU times exclude other tenants' turns)")

@@ -56,17 +56,20 @@ def _attention(rank, world, s, dev, clock, out) -> None:
         del q, k, v
 
 
-def _alone(clock, times: list, work):
+def _alone(clock, dev: torch.device, times: list, work, walls: list | None = None):
     """One call of the unsplit side: ``work`` (the whole sequence, on rank 0; falsy on the other ranks) between
-    barriers, its ``clock`` time appended to ``times`` when kept, while the other ranks wait."""
+    barriers, while the other ranks wait; when kept, its ``clock`` time appended to ``times`` (and its wall time to
+    ``walls`` where given)."""
     def unsplit(keep):
         dist.barrier()
         if work:
-            c0 = clock()
+            w0, c0 = _wall(dev), clock()
             work()
-            c1 = clock()
+            c1, w1 = clock(), _wall(dev)
             if keep:
                 times.append(c1 - c0)
+                if walls is not None:
+                    walls.append(w1 - w0)
         dist.barrier()
     return unsplit
 
@@ -79,7 +82,8 @@ def _alternate(split, unsplit, calls: int) -> None:
 
 
 def _scan_inputs(B: int, t: int, E: int, N: int, seed: int, dev: torch.device) -> tuple:
-    """Random inputs of the selective scan over t steps: u, delta (B, t, E); A (E, N); Bt, Ct (B, t, N); D (E,); h0."""
+    """Random inputs of the selective scan over t steps: u, delta (B, t, E); A (E, N); Bt, Ct (B, t, N); D (E,); h0
+    (B, E, N)."""
     g = torch.Generator().manual_seed(seed)
     u, delta = torch.randn(B, t, E, generator=g), torch.rand(B, t, E, generator=g) * 0.1
     Bt, Ct = torch.randn(B, t, N, generator=g), torch.randn(B, t, N, generator=g)
@@ -88,9 +92,9 @@ def _scan_inputs(B: int, t: int, E: int, N: int, seed: int, dev: torch.device) -
 
 
 def _ssm(rank, world, s, dev, clock, out) -> None:
-    """The split scan on this rank's chunk; with P > 1 rank 0 also scans the whole sequence alone in the same launch,
-    before or after each split call in turn, as the LSTM's relay is paired (``_lstm``): the split's critical path and
-    the unsplit scan then share one clock and one launch's pace."""
+    """The split scan on this rank's chunk; with P > 1 rank 0 also scans a whole sequence of T steps alone in the same
+    launch (inputs of its own: only the time is compared), before or after each split call in turn, as the LSTM's
+    relay is paired (``_lstm``): the split's critical path and the unsplit scan share one clock and one launch's pace."""
     from attnlab.distributed.scan import chunk_scan, scan_split, split_lengths
 
     B, E, N = s["ssm_batch"], s["ssm_dim"], s["ssm_state"]
@@ -108,7 +112,8 @@ def _ssm(rank, world, s, dev, clock, out) -> None:
             out["ssm_wall_s"].append(_wall(dev) - w0)
 
     # what one process's scan_split does in its phase 1, over all T steps
-    unsplit = _alone(clock, out["ssm_whole_s"], whole is not None and (lambda: chunk_scan(*whole[:5], whole[6])))
+    unsplit = _alone(clock, dev, out["ssm_whole_s"], whole is not None and (lambda: chunk_scan(*whole[:5], whole[6])),
+                     out["ssm_whole_wall_s"])
     _alternate(split, unsplit, s["calls"])
 
 
@@ -139,7 +144,7 @@ def _lstm(rank, world, s, dev, clock, out) -> None:
             out["lstm_s"].append(c1 - c0)
             out["lstm_wall_s"].append(_wall(dev) - w0)
 
-    _alternate(relay, _alone(clock, out["lstm_whole_s"], whole is not None and (lambda: lstm(whole))), s["calls"])
+    _alternate(relay, _alone(clock, dev, out["lstm_whole_s"], whole is not None and (lambda: lstm(whole))), s["calls"])
 
 
 def _exchange_s(rank, world, s, dev) -> float:
@@ -167,7 +172,7 @@ def rank_work(rank: int, world: int, setup: dict, device: str, parts=("attn", "s
     mapped = map_large_allocations() if dev.type == "cpu" else False
     clock = clock_for(dev)
     out = {k: [] for k in ("attn_s", "attn_wall_s", "attn_peak_bytes", "ssm_scan_s", "ssm_fix_s", "ssm_wall_s",
-                           "ssm_whole_s", "lstm_s", "lstm_wall_s", "lstm_whole_s")}
+                           "ssm_whole_s", "ssm_whole_wall_s", "lstm_s", "lstm_wall_s", "lstm_whole_s")}
     for part, fn in (("attn", _attention), ("ssm", _ssm), ("lstm", _lstm)):
         if part in parts:
             fn(rank, world, setup, dev, clock, out)
