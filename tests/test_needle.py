@@ -139,14 +139,95 @@ def test_beyond_and_standard_errors():
 
 
 @pytest.mark.slow
-def test_a_tiny_model_trains_and_probes(monkeypatch):
+def test_tiny_models_train_one_per_repetition_and_probe(monkeypatch):
+    """One model per repetition, each from its own seed (initial weights and batches), trained once and shared; a
+    repetition past the last model is an error, not a second look at a model."""
     from dataclasses import replace
     monkeypatch.setitem(needle.SETUPS, "quick", replace(needle.SETUPS["quick"], steps=2, dense_steps=2, dim=32,
-                                                                 max_facts=2, max_asked=1))
+                                                                 max_facts=2, max_asked=1, repeats=2, attempts=2))
     monkeypatch.setattr(needle, "_CACHE", {})
     t = needle.trained("quick", "cpu")
     assert needle.trained("quick", "cpu") is t  # trained once, shared
     assert needle.training_tasks("quick", "cpu") == {}  # the report's training stage has nothing left to do
-    p = needle.probe(t["model"], t["text"], 4, 128, 3, 0, "cpu", weight_n=2)
+    assert [m["seed"] for m in t["models"]] == [0, 1]
+    # two steps leave no model off the plateau: each seed tried a second initialisation of its own, then went on
+    for m in t["models"]:
+        tried = m["dense_phase"]["attempts"]
+        assert [a["init"] for a in tried] == [m["seed"], m["seed"] + needle.RESTART_STRIDE]
+        assert not any(a["learned"] for a in tried) and m["dense_phase"]["init"] == tried[-1]["init"]
+    w0, w1 = (dict(m["model"].named_parameters())["tok_emb.weight"] for m in t["models"])
+    assert not torch.equal(w0, w1)  # independent trainings, not one model twice
+    assert [needle.for_repetition(t, r)["seed"] for r in range(2)] == [0, 1]
+    with pytest.raises(ValueError, match="repetition 3 has no model"):
+        needle.for_repetition(t, 2)
+    m = needle.for_repetition(t, 1)
+    assert m["model"] is t["models"][1]["model"] and m["text"] is t["text"]
+    p = needle.probe(m["model"], m["text"], 4, 128, 3, 0, "cpu", weight_n=2)
     assert len(p["weight"]) == 2 and len(p["weight"][0]) == 4 and 0 <= p["weight"][0][0] <= 1
     assert 0 <= p["acc"] <= 1 and p["tokens"] == 128
+    line = needle.models_line(needle.summary("quick", "cpu"), 128)
+    assert "seed 0" in line and "seed 1" in line
+
+
+def test_no_two_seeds_attempts_or_phases_share_a_batch_stream():
+    """Corpus windows (the task's own stream), dense and mixed batches of every (seed, attempt) come from streams of
+    their own; seed 0's first attempt keeps the streams 0, 1, 2 it always had."""
+    from types import SimpleNamespace
+
+    seen = {}
+    for seed in range(3):
+        for attempt in range(3):
+            init = seed + needle.RESTART_STRIDE * attempt
+            cfg_seed = needle._train_config(needle.SETUPS["full"], needle.STREAMS * init).seed
+            for phase in range(3):  # 0: the task's corpus windows (step_generator(cfg.seed, step)); 1, 2: _batches
+                stream = cfg_seed + phase
+                assert stream not in seen, (seed, attempt, phase, seen.get(stream))
+                seen[stream] = (seed, attempt, phase)
+    assert [s for s, who in seen.items() if who[:2] == (0, 0)] == [0, 1, 2]
+    # _batches reads the config's seed: two seeds' first dense batches differ
+    make = lambda seed: needle._batches(SimpleNamespace(cfg=SimpleNamespace(seed=needle.STREAMS * seed),
+                                                        batch=lambda step: None), TEXT, needle.SETUPS["quick"])
+    assert not torch.equal(make(0)(1, 1)[0], make(1)(1, 1)[0])
+
+
+@pytest.mark.parametrize("accs,runs,tried", [
+    # on the plateau at plateau_steps: the first attempt stops there; the last runs its whole schedule
+    ([0.3] * 8 + [0.3] * 8, [(8, 4), (8, 8)], [(1, 4, False), (101, 8, False)]),
+    # climbing past LEAVING at plateau_steps: the attempt runs on, and learns
+    ([0.3, 0.4, 0.5, 0.7, 0.8, 0.95], [(8, 6)], [(1, 6, True)]),
+])
+def test_an_attempt_starts_again_only_if_still_on_its_plateau(monkeypatch, accs, runs, tried):
+    """Attempts but the last stop at plateau_steps if their dense probes are still below LEAVING there; the learning
+    rate's schedule spans dense_steps in each (so seed 0's first attempt trains as it always did)."""
+    from dataclasses import replace
+    s = replace(needle.SETUPS["quick"], dense_steps=8, plateau_steps=4, attempts=2, dim=16)
+    ran, scores = [], iter(accs)
+
+    def fake_train(model, batch, cfg, until=None, **kw):
+        done = 0
+        while done < cfg.steps:
+            done += 1
+            if until is not None and until(done):
+                break
+        ran.append((cfg.steps, done))
+        return model
+
+    monkeypatch.setattr(needle, "CHECK_EVERY", 1)
+    monkeypatch.setattr(needle, "probe", lambda *a, **k: {"acc": next(scores)})
+    monkeypatch.setattr(needle, "train_in_memory", fake_train)
+    monkeypatch.setattr(needle, "make_task", lambda tc: _FakeTask(tc))
+    monkeypatch.setattr(needle, "evaluate", lambda *a: {"val_loss": 1.0})
+    out = needle._train_job(s, "cpu", seed=1)
+    assert ran[:-1] == runs  # the last run is the mixed phase
+    assert [(a["init"], a["steps"], a["learned"]) for a in out["dense_phase"]["attempts"]] == tried
+
+
+class _FakeTask:
+    def __init__(self, tc):
+        self.cfg, self.train_ids = tc, torch.tensor(list(TEXT * 4))
+
+    def batch(self, step):
+        return None
+
+    def eval_batches(self):
+        return []

@@ -46,13 +46,14 @@ CHANGES = [
         "next to the question 5-8 points below the fact far from it)"),
     needle_changes.stage_change("not supported"),
     needle_changes.batch_change("not supported in 3 of 3 repetitions"),
+    needle_changes.seeds_change("not supported in 3 of 3 repetitions on one model"),
 ]
 EST_S = {"quick": 4, "full": 25}
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def training(scale: str, device: str) -> dict:
-    """The shared needle model, for the report's training stage (training.py)."""
+    """The shared needle models (one per repetition), for the report's training stage (training.py)."""
     return needle.training_tasks(scale, device)
 
 
@@ -63,10 +64,12 @@ def measure(scale: str, device: str) -> dict:
     repeats = []
     for r in range(reps):
         seed = 1500 + 100 * r
-        learned = needle.learned_probes(t, seed, device)
-        by_depth = [needle.probe(t["model"], t["text"], s.probe_n, s.train_len, s.max_facts, seed + 1 + i, device, depth=d)
+        m = needle.for_repetition(t, r)
+        learned = needle.learned_probes(m, seed, device)
+        by_depth = [needle.probe(m["model"], t["text"], s.probe_n, s.train_len, s.max_facts, seed + 1 + i, device,
+                                 depth=d)
                     for i, d in enumerate(DEPTHS)]
-        repeats.append({**learned, "by_depth": by_depth})
+        repeats.append({"model_seed": m["seed"], **learned, "by_depth": by_depth})
     return {"train_len": s.train_len, "depths": list(DEPTHS), "repeats": repeats, "model": needle.summary(scale, device)}
 
 
@@ -118,13 +121,14 @@ def regime(rep: dict, train_len: int) -> list[dict]:
 
 
 def decide(m: dict) -> Decision:
-    return needle.over_repetitions([in_regime(regime(rep, m["train_len"]), decide_one(rep)) for rep in m["repeats"]])
+    return needle.over_repetitions([in_regime(regime(rep, m["train_len"]), decide_one(rep)) for rep in m["repeats"]],
+                                   [rep.get("model_seed") for rep in m["repeats"]])
 
 
 def run(scale: str, device: str) -> Outcome:
     m = measure(scale, device)
-    rows = [{"repetition": r + 1, "asked_depth": d, "measured_depth": q["depth"], "bytes": q["tokens"],
-             "distractors": q["facts"] - 1, "accuracy": q["acc"], "all_4_digits": q["exact"],
+    rows = [{"repetition": r + 1, "model_seed": rep.get("model_seed"), "asked_depth": d, "measured_depth": q["depth"],
+             "bytes": q["tokens"], "distractors": q["facts"] - 1, "accuracy": q["acc"], "all_4_digits": q["exact"],
              "probes": q["n"]}
             for r, rep in enumerate(m["repeats"]) for d, q in zip(DEPTHS, rep["by_depth"])]
     acc = [mean([row["accuracy"] for row in rows if row["asked_depth"] == d]) for d in DEPTHS]

@@ -95,6 +95,7 @@ CHANGES.append(
              "3 repetitions (reference bbc92d7). Verdict after: reports/HISTORY.md, the reference run at the commit "
              "that made this change.")})
 CHANGES.append(needle_changes.batch_change("supported in 3 of 3 repetitions"))
+CHANGES.append(needle_changes.seeds_change("supported in 3 of 3 repetitions on one model"))
 CHANGES.append(
     {"date": "2026-12-07", "what": "regime: the short fact-alone probe leaves it (measured and shown, not required)",
      "old": _REGIME_WITH_BASE,
@@ -123,20 +124,22 @@ def _prefill_s(model, x, device) -> float:
 
 
 def training(scale: str, device: str) -> dict:
-    """The shared needle model, for the report's training stage (training.py)."""
+    """The shared needle models (one per repetition), for the report's training stage (training.py)."""
     return needle.training_tasks(scale, device)
 
 
 def measure(scale: str, device: str) -> dict:
     t = needle.trained(scale, device)
-    s, model = t["setup"], t["model"]
+    s = t["setup"]
     reps = s.repeats if scale == "quick" else max(s.repeats, FULL_REPEATS)
     kinds = {"relevant only": (needle.min_length(1), 1), "everything": (s.train_len, s.max_facts),
              PADDED: (s.train_len, 1)}
     repeats = []
     for r in range(reps):
         seed = 1600 + 100 * r
-        rep = {**needle.learned_probes(t, seed, device), "kinds": {}}
+        m = needle.for_repetition(t, r)
+        model = m["model"]
+        rep = {"model_seed": m["seed"], **needle.learned_probes(m, seed, device), "kinds": {}}
         prompts = {}
         for i, (k, (length, facts)) in enumerate(kinds.items()):
             rep["kinds"][k] = {**needle.probe(model, t["text"], s.probe_n, length, facts, seed + 1 + i, device),
@@ -202,13 +205,13 @@ def regime(rep: dict, train_len: int) -> list[dict]:
 
 def decide(m: dict) -> Decision:
     return needle.over_repetitions([in_regime(regime(rep, m["train_len"]), decide_one(rep, m["batch"]))
-                                    for rep in m["repeats"]])
+                                    for rep in m["repeats"]], [rep.get("model_seed") for rep in m["repeats"]])
 
 
 def run(scale: str, device: str) -> Outcome:
     m = measure(scale, device)
-    rows = [{"repetition": r + 1, "prompt": k, "bytes": v["tokens"], "distractors": v["facts"] - 1, "accuracy": v["acc"],
-             "all_4_digits": v["exact"],
+    rows = [{"repetition": r + 1, "model_seed": rep.get("model_seed"), "prompt": k, "bytes": v["tokens"],
+             "distractors": v["facts"] - 1, "accuracy": v["acc"], "all_4_digits": v["exact"],
              "probes": v["n"], f"prefill_{m['batch']}_prompts_s": mean(v["prefill_s"])}
             for r, rep in enumerate(m["repeats"]) for k, v in rep["kinds"].items()]
     names = list(m["repeats"][0]["kinds"])

@@ -13,7 +13,9 @@ Accuracy is that of the first answer digit, the step that must find the fact by 
 (all four digits right, what greedy decoding would write, is recorded beside it); the attention weight is the
 one the position before the first digit puts on the needle's line, per layer and head.
 
-The model is trained once per (scale, device) and shared by the three claims within one report process.
+One model is trained per repetition (its own seed: initial weights and batch order; 3 at full scale) once per
+(scale, device), and shared by the three claims within one report process: repetition r of every claim probes model
+r, so the claims' repetitions are independent trainings.
 """
 from __future__ import annotations
 
@@ -53,6 +55,8 @@ class Setup:
     probe_n: int  # probes per condition and repetition
     weight_n: int  # of which this many also have their attention maps read
     repeats: int
+    attempts: int = 1  # initialisations tried, at most, for a first phase that does not leave the plateau
+    plateau_steps: int = 0  # an attempt but the last still on the plateau (below LEAVING) here starts again
 
 
 # The full setup learns to read the key (>= 80% beside look-alikes at the trained length); the quick one is too short
@@ -62,7 +66,8 @@ SETUPS = {
     "quick": Setup(train_len=128, dim=64, n_layers=2, n_heads=4, dense_steps=100, steps=50, batch=16, dense_batch=16,
                    lr=3e-3, max_facts=5, max_asked=3, probe_n=48, weight_n=8, repeats=1),
     "full": Setup(train_len=128, dim=128, n_layers=2, n_heads=8, dense_steps=6000, steps=1500, batch=32,
-                  dense_batch=16, lr=1e-3, max_facts=5, max_asked=3, probe_n=480, weight_n=64, repeats=3),
+                  dense_batch=16, lr=1e-3, max_facts=5, max_asked=3, probe_n=480, weight_n=64, repeats=3, attempts=3,
+                  plateau_steps=4000),
 }
 DENSE_FACTS = 4  # facts in a dense training sequence, every one asked
 DENSE_SLACK = 8  # haystack bytes a dense sequence may carry at most
@@ -70,6 +75,12 @@ DENSE_SLACK = 8  # haystack bytes a dense sequence may carry at most
 # CHECK_EVERY steps: when the lookup forms varies with the initialisation, so a fixed length either wastes steps or
 # stops before it.
 DENSE_LEARNED, CHECK_EVERY, CHECK_N = 0.9, 250, 64
+# Attempt a of seed s starts from initialisation s + 100 a, its batches from streams 10 (s + 100 a) + phase (corpus
+# windows 0, dense 1, mixed 2): no two (seed, attempt, phase) share a stream.
+RESTART_STRIDE, STREAMS = 100, 10
+# Dense probes at or above this have left the plateau (which reads 25-56%: copying any of the four facts scores 25%):
+# an attempt climbing past it at plateau_steps is let run on to dense_steps.
+LEAVING = 0.6
 
 
 def fact_line(key: str, value: str) -> bytes:
@@ -202,25 +213,23 @@ def _batches(task, text: bytes, s: Setup):
     return batch
 
 
-def _train_config(s: Setup) -> TrainConfig:
+def _train_config(s: Setup, seed: int = 0) -> TrainConfig:
     return TrainConfig(seq_len=s.train_len, batch_size=s.batch, steps=s.steps, warmup_steps=max(1, s.steps // 10),
-                       lr=s.lr, eval_batches=4, corpus_max_bytes=3_000_000)
+                       lr=s.lr, eval_batches=4, corpus_max_bytes=3_000_000, seed=seed)
 
 
-def _train_job(s: Setup, device: str) -> dict:
-    """Train the model, as the training stage runs it (training.py): {"weights" (plain tensors), "train_s",
-    "dense_phase" (when the first phase ended, its checks), "val_loss"}."""
-    need = max(min_length(s.max_facts, s.max_asked), min_length(DENSE_FACTS, DENSE_FACTS) + DENSE_SLACK)
-    if need > s.train_len:
-        raise DataError(f"{s.max_facts} facts and {s.max_asked} questions (and the dense sequences) need a trained "
-                        f"length >= {need}, got {s.train_len}")
-    tc = _train_config(s)
+def _dense_phase(s: Setup, device: str, init: int, last: bool = True):
+    """Phase 1 from initialisation ``init`` (the model's weights and the order of its batches): (model, the task and
+    its batches, what the phase did: {"init", "steps", "learned", "checks" [(steps done, dense-probe accuracy)]}). It
+    ends when the lookup is learned, after dense_steps, or (``last`` False) at plateau_steps if its dense probes are
+    still below LEAVING there, to start again. The learning rate's schedule spans dense_steps in every attempt."""
+    tc = _train_config(s, STREAMS * init)
     task = make_task(tc)
     train_text = bytes(task.train_ids.numpy())
     batch = _batches(task, train_text, s)
-    torch.manual_seed(0)
+    torch.manual_seed(init)
     model = build_model(_model_config(s), device)
-    checks = []  # (steps done, dense-probe accuracy)
+    checks = []
     check_len = min_length(DENSE_FACTS) + DENSE_SLACK
 
     def learned(done: int) -> bool:
@@ -231,52 +240,119 @@ def _train_job(s: Setup, device: str) -> dict:
         model.train()
         return checks[-1][1] >= DENSE_LEARNED
 
-    t0 = time.perf_counter()
+    ran = 0
+
+    def stop(done: int) -> bool:
+        nonlocal ran
+        ran = done
+        if learned(done):
+            return True
+        # an attempt but the last still on the plateau where it may give up: start again
+        return not last and done == s.plateau_steps and not done % CHECK_EVERY and checks[-1][1] < LEAVING
+
     dense = replace(tc, steps=s.dense_steps, warmup_steps=max(1, min(200, s.dense_steps // 10)))
-    train_in_memory(model, lambda step: tuple(t.to(device) for t in batch(step, 1)), dense, until=learned)
+    train_in_memory(model, lambda step: tuple(t.to(device) for t in batch(step, 1)), dense, until=stop)
     ok = bool(checks) and checks[-1][1] >= DENSE_LEARNED
-    phase1 = {"steps": checks[-1][0] if ok else s.dense_steps, "learned": ok, "checks": checks}
+    return model, (tc, batch), {"init": init, "steps": ran, "learned": ok, "checks": checks}
+
+
+def _train_job(s: Setup, device: str, seed: int = 0) -> dict:
+    """Train the model of ``seed``, as the training stage runs it (training.py): {"weights" (plain tensors),
+    "train_s", "dense_phase" (the attempt that went on: when its first phase ended, its checks; "attempts": every
+    attempt's), "val_loss"}.
+
+    An attempt whose first phase is still on the plateau at ``plateau_steps`` starts again from a new
+    initialisation (``seed + RESTART_STRIDE * attempt``), up to ``attempts`` in all: when the lookup forms depends on
+    the initialisation, and some never leave the plateau (needle_changes.SEEDS_WHY); the last attempt goes on to
+    the second phase whether it learned or not, and the probes then say so."""
+    need = max(min_length(s.max_facts, s.max_asked), min_length(DENSE_FACTS, DENSE_FACTS) + DENSE_SLACK)
+    if need > s.train_len:
+        raise DataError(f"{s.max_facts} facts and {s.max_asked} questions (and the dense sequences) need a trained "
+                        f"length >= {need}, got {s.train_len}")
+    t0 = time.perf_counter()
+    attempts = []
+    for attempt in range(s.attempts):
+        model, (tc, batch), phase1 = _dense_phase(s, device, seed + RESTART_STRIDE * attempt, attempt == s.attempts - 1)
+        attempts.append(phase1)
+        if phase1["learned"]:
+            break
     model = train_in_memory(model, lambda step: tuple(t.to(device) for t in batch(step)), tc)
     train_s = time.perf_counter() - t0
+    held_out = make_task(_train_config(s)).eval_batches()  # one set for every seed (its draw follows the config's seed)
     return {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()}, "train_s": train_s,
-            "dense_phase": phase1, "val_loss": evaluate(model, task.eval_batches(), device)["val_loss"]}
+            "dense_phase": {**attempts[-1], "attempts": attempts},
+            "val_loss": evaluate(model, held_out, device)["val_loss"]}
 
 
 _CACHE: dict = {}  # (scale, device) -> what trained() returns
 
 
+def seeds(s: Setup) -> list[int]:
+    """The seeds of the models trained for a setup: one per repetition (``repeats``: 3 at full scale), so the claims'
+    repetitions are independent trainings, not rounds of probes on one model (whose quirks every round would share)."""
+    return list(range(s.repeats))
+
+
 def _model_task(scale: str, device: str):
-    """The training-stage task (training.py): one long job, then the model and its held-out text into the cache."""
+    """The training-stage task (training.py): one long job per seed, then the models and the held-out text into the
+    cache."""
     s = SETUPS[scale]
-    out, = yield [Job(_train_job, (s, str(device)), LONG)]
-    model = build_model(_model_config(s), device)
-    model.load_state_dict(out["weights"])
-    task = make_task(_train_config(s))
-    _CACHE[(scale, str(device))] = {
-        "model": model.eval(), "text": bytes(task.val_ids.numpy()), "setup": s, "config": _model_config(s).to_dict(),
-        "train_s": out["train_s"], "dense_phase": out["dense_phase"], "val_bits_per_byte": out["val_loss"] / math.log(2),
-        "corpus": task.info}
+    outs = yield [Job(_train_job, (s, str(device), seed), LONG) for seed in seeds(s)]
+    models = []
+    for seed, out in zip(seeds(s), outs):
+        model = build_model(_model_config(s), device)
+        model.load_state_dict(out["weights"])
+        models.append({"seed": seed, "model": model.eval(), "train_s": out["train_s"],
+                       "dense_phase": out["dense_phase"], "val_bits_per_byte": out["val_loss"] / math.log(2)})
+    task = make_task(_train_config(s))  # the held-out split is the same for every seed
+    _CACHE[(scale, str(device))] = {"models": models, "text": bytes(task.val_ids.numpy()), "setup": s,
+                                    "config": _model_config(s).to_dict(), "corpus": task.info}
 
 
 def training_tasks(scale: str, device: str) -> dict:
-    """The model's training, for the report's training stage, unless it is trained already; claims 14-16 share it."""
+    """The models' training, for the report's training stage, unless they are trained already; claims 14-16 share
+    them."""
     key = (scale, str(device))
     return {} if key in _CACHE else {("needle",) + key: _model_task(scale, device)}
 
 
 def trained(scale: str, device: str) -> dict:
-    """The model, trained once per (scale, device) and shared by claims 14-16 (by the training stage, or here when a
-    claim runs alone): {"model", "text" (held-out bytes the probes draw from), "setup", "config", "train_s",
-    "dense_phase" (when the first phase ended, its checks), "val_bits_per_byte", "corpus"}."""
+    """The models, trained once per (scale, device) and shared by claims 14-16 (by the training stage, or here when
+    a claim runs alone): {"models" (one per seed: {"seed", "model", "train_s", "dense_phase" (when the first phase
+    ended, its checks), "val_bits_per_byte"}), "text" (held-out bytes the probes draw from), "setup", "config",
+    "corpus"}. ``for_repetition`` picks a repetition's model."""
     run_tasks(training_tasks(scale, device).values(), workers_for(device))
     return _CACHE[(scale, str(device))]
 
 
+def for_repetition(t: dict, r: int) -> dict:
+    """What repetition ``r`` (from 0) probes: the model of its own seed, the held-out text and the setup."""
+    if not 0 <= r < len(t["models"]):
+        raise ValueError(f"repetition {r + 1} has no model of its own: {len(t['models'])} trained (Setup.repeats)")
+    m = t["models"][r]
+    return {"model": m["model"], "seed": m["seed"], "text": t["text"], "setup": t["setup"]}
+
+
 def summary(scale: str, device: str) -> dict:
-    """What goes into results.json about the shared model: everything but the model and the text."""
+    """What goes into results.json about the shared models: everything but the models and the text."""
     t = trained(scale, device)
-    return {"setup": asdict(t["setup"]), "config": t["config"], "train_s": t["train_s"], "dense_phase": t["dense_phase"],
-            "val_bits_per_byte": t["val_bits_per_byte"], "corpus": t["corpus"], "fact_form": "code_qx = 4817"}
+    return {"setup": asdict(t["setup"]), "config": t["config"], "corpus": t["corpus"], "fact_form": "code_qx = 4817",
+            "models": [{k: v for k, v in m.items() if k != "model"} for m in t["models"]]}
+
+
+def models_line(summary_: dict, train_len: int) -> str:
+    """The models in one caveat line; results written before one model per repetition say that one model served
+    every repetition."""
+    c = summary_["config"]
+    if "models" not in summary_:
+        return (f"Model: {c['n_layers']} layers, width {c['dim']}, trained {summary_['train_s']:.0f} s at {train_len} "
+                f"bytes, one model for every repetition; held-out {summary_['val_bits_per_byte']:.2f} bits per byte.")
+    ms = summary_["models"]
+    tried = lambda m: len(m.get("dense_phase", {}).get("attempts", ())) or 1
+    each = "; ".join(f"seed {m['seed']}: trained {m['train_s']:.0f} s"
+                     + (f" ({tried(m)} initialisations tried, the last one kept)" if tried(m) > 1 else "")
+                     + f", held-out {m['val_bits_per_byte']:.2f} bits per byte" for m in ms)
+    return f"Models: {c['n_layers']} layers, width {c['dim']}, at {train_len} bytes, one per repetition ({each})."
 
 
 def _span_weight(row: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
@@ -325,8 +401,8 @@ def probe(model, text: bytes, n: int, length: int, n_facts: int, seed: int, devi
 
 
 def learned_probes(t: dict, seed: int, device: str) -> dict:
-    """The two probes that say whether the model learned the task: the fact alone in a short context (a quarter of
-    the trained length), and the fact beside one look-alike at the trained length."""
+    """The two probes that say whether the model (``t``: for_repetition's) learned the task: the fact alone in a short
+    context (a quarter of the trained length), and the fact beside one look-alike at the trained length."""
     s = t["setup"]
     return {"base": probe(t["model"], t["text"], s.probe_n, s.train_len // 4, 1, seed, device),
             "pair": probe(t["model"], t["text"], s.probe_n, s.train_len, 2, seed + 50, device)}
@@ -363,11 +439,14 @@ def acc_se(p: dict) -> float:
     return math.sqrt(a * (1 - a) / n)
 
 
-def over_repetitions(decisions: list[Decision]) -> Decision:
-    """base.over_repeats, with every repetition's own checks kept in the reasons (over_repeats quotes only the last deciding one)."""
+def over_repetitions(decisions: list[Decision], seeds: list | None = None) -> Decision:
+    """base.over_repeats, with every repetition's own checks kept in the reasons (over_repeats quotes only the last
+    deciding one), each under the seed of the model it probed (``seeds``, one per repetition, None where unrecorded)."""
     out = over_repeats(decisions)
+    seeds = seeds or [None] * len(decisions)
     if len(decisions) > 1:
-        out.reasons += [f"repetition {i + 1}: {r}" for i, d in enumerate(decisions) for r in d.reasons]
+        out.reasons += [f"repetition {i + 1}" + ("" if seed is None else f" (model seed {seed})") + f": {r}"
+                        for i, (d, seed) in enumerate(zip(decisions, seeds)) for r in d.reasons]
     else:
         out.reasons = list(decisions[0].reasons) + out.reasons
     return out

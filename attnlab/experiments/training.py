@@ -1,7 +1,7 @@
 """The training stage: the models the chosen claims train, trained before any claim is timed, side by side.
 
 A claim that trains models (3 and 8's recall families, 5's positional encodings, 13's speculative target, 14-16's
-needle model, 18's neural recommenders) hands its training over as *tasks*: generators that yield a list of ``Job``s, receive the jobs' results
+needle models (one per repetition), 18's neural recommenders) hands its training over as *tasks*: generators that yield a list of ``Job``s, receive the jobs' results
 in the same order, and may yield again (a learning-rate sweep extended past its end, then more seeds at the best rate)
 before they return, leaving what they trained in their module's cache. ``run_tasks`` spreads the jobs of every task over
 one pool of one-thread worker processes, the lowest ``priority`` first: the longest jobs start first, so
