@@ -253,9 +253,9 @@ def summarize_rows(m: dict, dtypes: list[str], batches: list[int], peak: float, 
         # new tokens), a share of the bytes that grows as the weights narrow, so the weights-only bound can sit below
         # what a step must read; this bound says how near a step is to those bytes.
         kv = m["kv_bytes_per_token"][dt] * (m["short"] + (m["n"] - 1) / 2)
-        # A prefill is matmul-bound: its FLOPs at the fp32 peak bound its time, so CTranslate2's TTFT over that bound
-        # is the most any engine could beat it by here (int8 arithmetic can run past the fp32 peak; its share of it
-        # is shown, not a bound).
+        # A prefill is matmul-bound: in fp32 its FLOPs at the fp32 peak bound its time, so CTranslate2's TTFT over that
+        # bound is the most any engine could beat it by here. Other dtypes' arithmetic can run past the fp32 peak:
+        # their share of it is shown, and no bound.
         prompt_flops = generation_flops(m["nonembed"], cfg.n_layers, cfg.dim, m["vocab"], m["short"], 1)
         for what, i in (("ttft", 0), ("decode", 1)):
             a, c = [x[i] for x in ours], [x[i] for x in theirs]
@@ -265,10 +265,11 @@ def summarize_rows(m: dict, dtypes: list[str], batches: list[int], peak: float, 
                 "attnlab_speedup": round_ratios(c, a)}  # CTranslate2's time over attnlab's, per round
             if what == "ttft":
                 row["prompt_gflop"] = prompt_flops / 1e9
-                row["peak_bound_ms"] = 1e3 * prompt_flops / peak
                 row["attnlab_share_of_peak"] = prompt_flops / peak / statistics.median(a)
                 row["ctranslate2_share_of_peak"] = prompt_flops / peak / statistics.median(c)
-                row["speedup_over_ctranslate2_at_peak"] = statistics.median(c) / (prompt_flops / peak)
+                if dt == "fp32":
+                    row["peak_bound_ms"] = 1e3 * prompt_flops / peak
+                    row["speedup_over_ctranslate2_at_peak"] = statistics.median(c) / (prompt_flops / peak)
             if what == "decode":
                 row["bandwidth_bound_ms"] = 1e3 * bound
                 row["attnlab_share_of_bound"] = bound / statistics.median(a)

@@ -8,7 +8,7 @@ import torch
 
 from attnlab.data.synthetic import IGNORE
 from attnlab.errors import DataError
-from attnlab.experiments import needle
+from attnlab.experiments import needle, needle_training
 
 FACT = re.compile(rb"^code_([a-z]{2}) = (\d{4})$", re.M)
 TEXT = b"".join(f"    line {i} of some python text = {i * 7}\n".encode() for i in range(4000))
@@ -108,23 +108,24 @@ def test_answers_are_scored_on_the_first_digit_and_exactly(monkeypatch):
 
 def test_training_starts_dense_then_mixes_dense_facts_in_text_and_plain_text():
     """Phase 1 only dense sequences (every fact asked); phase 2: odd steps dense, even steps plain corpus text or facts
-    planted in text with at most max_asked questions (needle._batches)."""
+    planted in text with at most max_asked questions (needle_training._batches)."""
     from dataclasses import replace
     from types import SimpleNamespace
 
     from attnlab.data.synthetic import IGNORE
-    s = replace(needle.SETUPS["quick"], batch=3)
+    s = replace(needle_training.SETUPS["quick"], batch=3)
     task = SimpleNamespace(cfg=SimpleNamespace(seed=0), batch=lambda step: "corpus window")
-    batch = needle._batches(task, TEXT, s)
+    batch = needle_training._batches(task, TEXT, s)
     asked = lambda y: {int(n) for n in (y != IGNORE).sum(-1) // needle.DIGITS}
-    dense_len = needle.min_length(needle.DENSE_FACTS, needle.DENSE_FACTS)
+    dense_len = needle.min_length(needle_training.DENSE_FACTS, needle_training.DENSE_FACTS)
     for step in range(6):
         x, y = batch(step, 1)
-        assert asked(y) == {needle.DENSE_FACTS} and dense_len <= x.shape[1] <= dense_len + needle.DENSE_SLACK
+        assert asked(y) == {needle_training.DENSE_FACTS}
+        assert dense_len <= x.shape[1] <= dense_len + needle_training.DENSE_SLACK
     for step in range(6, 40):
         out = batch(step)
         if step % 2:
-            assert asked(out[1]) == {needle.DENSE_FACTS}
+            assert asked(out[1]) == {needle_training.DENSE_FACTS}
         elif step % 4 == 0:
             assert out == "corpus window"
         else:
@@ -143,29 +144,30 @@ def test_tiny_models_train_one_per_repetition_and_probe(monkeypatch):
     """One model per repetition, each from its own seed (initial weights and batches), trained once and shared; a
     repetition past the last model is an error, not a second look at a model."""
     from dataclasses import replace
-    monkeypatch.setitem(needle.SETUPS, "quick", replace(needle.SETUPS["quick"], steps=2, dense_steps=2, dim=32,
-                                                                 max_facts=2, max_asked=1, repeats=2, attempts=2))
-    monkeypatch.setattr(needle, "_CACHE", {})
-    t = needle.trained("quick", "cpu")
-    assert needle.trained("quick", "cpu") is t  # trained once, shared
-    assert needle.training_tasks("quick", "cpu") == {}  # the report's training stage has nothing left to do
+    quick = replace(needle_training.SETUPS["quick"], steps=2, dense_steps=2, dim=32, max_facts=2, max_asked=1,
+                    repeats=2, attempts=2)
+    monkeypatch.setitem(needle_training.SETUPS, "quick", quick)
+    monkeypatch.setattr(needle_training, "_CACHE", {})
+    t = needle_training.trained("quick", "cpu")
+    assert needle_training.trained("quick", "cpu") is t  # trained once, shared
+    assert needle_training.training_tasks("quick", "cpu") == {}  # the report's training stage has nothing left to do
     assert [m["seed"] for m in t["models"]] == [0, 1]
     # two steps leave no model off the plateau: each seed tried a second initialisation of its own, then went on
     for m in t["models"]:
         tried = m["dense_phase"]["attempts"]
-        assert [a["init"] for a in tried] == [m["seed"], m["seed"] + needle.RESTART_STRIDE]
+        assert [a["init"] for a in tried] == [m["seed"], m["seed"] + needle_training.RESTART_STRIDE]
         assert not any(a["learned"] for a in tried) and m["dense_phase"]["init"] == tried[-1]["init"]
     w0, w1 = (dict(m["model"].named_parameters())["tok_emb.weight"] for m in t["models"])
     assert not torch.equal(w0, w1)  # independent trainings, not one model twice
-    assert [needle.for_repetition(t, r)["seed"] for r in range(2)] == [0, 1]
+    assert [needle_training.for_repetition(t, r)["seed"] for r in range(2)] == [0, 1]
     with pytest.raises(ValueError, match="repetition 3 has no model"):
-        needle.for_repetition(t, 2)
-    m = needle.for_repetition(t, 1)
+        needle_training.for_repetition(t, 2)
+    m = needle_training.for_repetition(t, 1)
     assert m["model"] is t["models"][1]["model"] and m["text"] is t["text"]
     p = needle.probe(m["model"], m["text"], 4, 128, 3, 0, "cpu", weight_n=2)
     assert len(p["weight"]) == 2 and len(p["weight"][0]) == 4 and 0 <= p["weight"][0][0] <= 1
     assert 0 <= p["acc"] <= 1 and p["tokens"] == 128
-    line = needle.models_line(needle.summary("quick", "cpu"), 128)
+    line = needle_training.models_line(needle_training.summary("quick", "cpu"), 128)
     assert "seed 0" in line and "seed 1" in line
 
 
@@ -177,16 +179,17 @@ def test_no_two_seeds_attempts_or_phases_share_a_batch_stream():
     seen = {}
     for seed in range(3):
         for attempt in range(3):
-            init = seed + needle.RESTART_STRIDE * attempt
-            cfg_seed = needle._train_config(needle.SETUPS["full"], needle.STREAMS * init).seed
+            init = seed + needle_training.RESTART_STRIDE * attempt
+            full = needle_training.SETUPS["full"]
+            cfg_seed = needle_training._train_config(full, needle_training.STREAMS * init).seed
             for phase in range(3):  # 0: the task's corpus windows (step_generator(cfg.seed, step)); 1, 2: _batches
                 stream = cfg_seed + phase
                 assert stream not in seen, (seed, attempt, phase, seen.get(stream))
                 seen[stream] = (seed, attempt, phase)
     assert [s for s, who in seen.items() if who[:2] == (0, 0)] == [0, 1, 2]
     # _batches reads the config's seed: two seeds' first dense batches differ
-    make = lambda seed: needle._batches(SimpleNamespace(cfg=SimpleNamespace(seed=needle.STREAMS * seed),
-                                                        batch=lambda step: None), TEXT, needle.SETUPS["quick"])
+    task = lambda seed: SimpleNamespace(cfg=SimpleNamespace(seed=needle_training.STREAMS * seed), batch=lambda _: None)
+    make = lambda seed: needle_training._batches(task(seed), TEXT, needle_training.SETUPS["quick"])
     assert not torch.equal(make(0)(1, 1)[0], make(1)(1, 1)[0])
 
 
@@ -195,12 +198,15 @@ def test_no_two_seeds_attempts_or_phases_share_a_batch_stream():
     ([0.3] * 8 + [0.3] * 8, [(8, 4), (8, 8)], [(1, 4, False), (101, 8, False)]),
     # climbing past LEAVING at plateau_steps: the attempt runs on, and learns
     ([0.3, 0.4, 0.5, 0.7, 0.8, 0.95], [(8, 6)], [(1, 6, True)]),
+    # climbing past LEAVING, but not learned by dense_steps: it starts again too
+    ([0.3, 0.4, 0.5, 0.7, 0.8, 0.8, 0.85, 0.85] + [0.3] * 8, [(8, 8), (8, 8)], [(1, 8, False), (101, 8, False)]),
 ])
 def test_an_attempt_starts_again_only_if_still_on_its_plateau(monkeypatch, accs, runs, tried):
-    """Attempts but the last stop at plateau_steps if their dense probes are still below LEAVING there; the learning
-    rate's schedule spans dense_steps in each (so seed 0's first attempt trains as it always did)."""
+    """Attempts but the last stop at plateau_steps if their dense probes are still below LEAVING there, and start
+    again after dense_steps if they climbed but did not learn; the learning rate's schedule spans dense_steps in each
+    (so seed 0's first attempt trains as it always did)."""
     from dataclasses import replace
-    s = replace(needle.SETUPS["quick"], dense_steps=8, plateau_steps=4, attempts=2, dim=16)
+    s = replace(needle_training.SETUPS["quick"], dense_steps=8, plateau_steps=4, attempts=2, dim=16)
     ran, scores = [], iter(accs)
 
     def fake_train(model, batch, cfg, until=None, **kw):
@@ -212,12 +218,12 @@ def test_an_attempt_starts_again_only_if_still_on_its_plateau(monkeypatch, accs,
         ran.append((cfg.steps, done))
         return model
 
-    monkeypatch.setattr(needle, "CHECK_EVERY", 1)
-    monkeypatch.setattr(needle, "probe", lambda *a, **k: {"acc": next(scores)})
-    monkeypatch.setattr(needle, "train_in_memory", fake_train)
-    monkeypatch.setattr(needle, "make_task", lambda tc: _FakeTask(tc))
-    monkeypatch.setattr(needle, "evaluate", lambda *a: {"val_loss": 1.0})
-    out = needle._train_job(s, "cpu", seed=1)
+    monkeypatch.setattr(needle_training, "CHECK_EVERY", 1)
+    monkeypatch.setattr(needle_training, "probe", lambda *a, **k: {"acc": next(scores)})
+    monkeypatch.setattr(needle_training, "train_in_memory", fake_train)
+    monkeypatch.setattr(needle_training, "make_task", lambda tc: _FakeTask(tc))
+    monkeypatch.setattr(needle_training, "evaluate", lambda *a: {"val_loss": 1.0})
+    out = needle_training._train_job(s, "cpu", seed=1)
     assert ran[:-1] == runs  # the last run is the mixed phase
     assert [(a["init"], a["steps"], a["learned"]) for a in out["dense_phase"]["attempts"]] == tried
 

@@ -1,6 +1,6 @@
 """Claim 15: where the relevant fact sits in a long context changes whether it is found (probed with facts planted in
 real text: needle.py)."""
-from attnlab.experiments import needle, needle_changes
+from attnlab.experiments import needle, needle_changes, needle_training
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, SHOWN, Series, condition, in_regime,
                                       mean, verdict)
 
@@ -13,9 +13,10 @@ PREDICTION = ("On a byte-level language model trained on the embedded corpus wit
               "depths 0, 0.25, 0.5, 0.75 and 1 of the context: (a) the U-curve: first-digit accuracy in the middle (the "
               "mean over depths 0.25, 0.5, 0.75) is below min(start, end) by >= 5 points; (b) the question next to its "
               "fact (depth 1, just before the question) beats the question far from it (depth 0) by >= 5 points.")
-THRESHOLD = ("Per repetition: supported if both gaps exceed 5 points by more than 2 standard errors; not supported if "
-             "either falls short of 5 points by more than 2 standard errors; inconclusive otherwise. Repetitions "
-             "(independent haystack and fact draws, 3 at full scale) must agree.")
+_THRESHOLD_BODY = ("Per repetition: supported if both gaps exceed 5 points by more than 2 standard errors; not "
+                   "supported if either falls short of 5 points by more than 2 standard errors; inconclusive "
+                   "otherwise.")
+THRESHOLD = _THRESHOLD_BODY + " " + needle_training.REPETITIONS
 REGIME = ("The model learned the task: first-digit accuracy >= 80% on a short context (a quarter of the trained "
           "length) with no distractor, and >= 80% at the trained length beside one same-form distractor (it reads the "
           "key). The context is at least the trained length and holds >= 4 same-form "
@@ -26,7 +27,7 @@ CHANGES = [
      "old": ("The recall transformer of claim 3 (2 layers, 64 tokens), the asked pair at the start, middle or end of "
              "irrelevant tokens from a vocabulary of their own; supported if min(start, end) - middle >= 5 points "
              "beyond the seed spread."),
-     "new": PREDICTION + " " + THRESHOLD,
+     "new": PREDICTION + " " + _THRESHOLD_BODY + " " + needle_changes.DRAWS_REPETITIONS,
      "why": ("Issue 29: the old filler could be ignored by identity (100% at every position), so the set-up could not "
              "show a position effect and its 'not supported' told a reader the opposite of what Liu et al. (2023) "
              "measured. Distractors now have the fact's form and distribution, the haystack is held-out corpus text, "
@@ -54,23 +55,24 @@ DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 def training(scale: str, device: str) -> dict:
     """The shared needle models (one per repetition), for the report's training stage (training.py)."""
-    return needle.training_tasks(scale, device)
+    return needle_training.training_tasks(scale, device)
 
 
 def measure(scale: str, device: str) -> dict:
-    t = needle.trained(scale, device)
+    t = needle_training.trained(scale, device)
     s = t["setup"]
     reps = s.repeats if scale == "quick" else max(s.repeats, FULL_REPEATS)
     repeats = []
     for r in range(reps):
         seed = 1500 + 100 * r
-        m = needle.for_repetition(t, r)
+        m = needle_training.for_repetition(t, r)
         learned = needle.learned_probes(m, seed, device)
         by_depth = [needle.probe(m["model"], t["text"], s.probe_n, s.train_len, s.max_facts, seed + 1 + i, device,
                                  depth=d)
                     for i, d in enumerate(DEPTHS)]
         repeats.append({"model_seed": m["seed"], **learned, "by_depth": by_depth})
-    return {"train_len": s.train_len, "depths": list(DEPTHS), "repeats": repeats, "model": needle.summary(scale, device)}
+    return {"train_len": s.train_len, "depths": list(DEPTHS), "repeats": repeats,
+            "model": needle_training.summary(scale, device)}
 
 
 def _gaps(rep: dict) -> tuple[float, float, float, float]:

@@ -2,7 +2,7 @@
 14 and 15: needle.py)."""
 import torch
 
-from attnlab.experiments import needle, needle_changes
+from attnlab.experiments import needle, needle_changes, needle_training
 from attnlab.experiments.base import (FULL_REPEATS, Decision, Outcome, Plot, Series, clears, condition, in_regime, mean,
                                       verdict)
 from attnlab.timing import middle_half, time_calls
@@ -22,12 +22,13 @@ _PREDICTION_NO_CONTROL = (
     "question asked with only its fact line vs with its fact among corpus text and the most same-form distractors it "
     "was trained with, at the trained length: first-digit accuracy is no lower with the fact alone, and the prefill "
     "time of a batch of 32 such prompts is >= 2x higher for the long ones.")
-THRESHOLD = ("Per repetition: supported if neither long prompt's accuracy (everything; padded without distractors) "
-             "is above the short ones' by more than 2 standard errors and the prefill time of everything is >= 2x the short ones' beyond the spread of the ratio over "
-             "timing rounds (the middle half of 7 rounds' ratios above 2x); not supported if either long prompt answers "
-             "better by more than 2 standard errors or the time ratio is below 2x beyond its spread (the middle half "
-             "below 2x); inconclusive otherwise. Repetitions (independent haystack and fact draws, 3 at full scale) "
-             "must agree.")
+_THRESHOLD_BODY = ("Per repetition: supported if neither long prompt's accuracy (everything; padded without "
+                   "distractors) is above the short ones' by more than 2 standard errors and the prefill time of "
+                   "everything is >= 2x the short ones' beyond the spread of the ratio over timing rounds (the middle "
+                   "half of 7 rounds' ratios above 2x); not supported if either long prompt answers better by more "
+                   "than 2 standard errors or the time ratio is below 2x beyond its spread (the middle half below 2x); "
+                   "inconclusive otherwise.")
+THRESHOLD = _THRESHOLD_BODY + " " + needle_training.REPETITIONS
 # The wording of 2026-12-02, kept as it was (CHANGES quotes it): the ratio's mean against its full range.
 _THRESHOLD_RANGE = ("Per repetition: supported if the long prompts' accuracy is not above the short ones' by more "
                     "than 2 standard errors and their prefill time is >= 2x the short ones' beyond the spread of the "
@@ -87,7 +88,7 @@ CHANGES = [
 CHANGES.append(
     {"date": "2026-12-05", "what": "prediction and threshold: a padded control without look-alikes",
      "old": _PREDICTION_NO_CONTROL + " " + _THRESHOLD_MIDDLE_HALF,
-     "new": PREDICTION + " " + THRESHOLD,
+     "new": PREDICTION + " " + _THRESHOLD_BODY + " " + needle_changes.DRAWS_REPETITIONS,
      "why": ("Issue 29's independent read: against a long prompt full of same-form distractors the accuracy half "
              "could only fail if distractors helped, which they cannot by design. The fact padded to the trained "
              "length with corpus text alone is the comparison that can go against the claim: the model was trained "
@@ -125,11 +126,11 @@ def _prefill_s(model, x, device) -> float:
 
 def training(scale: str, device: str) -> dict:
     """The shared needle models (one per repetition), for the report's training stage (training.py)."""
-    return needle.training_tasks(scale, device)
+    return needle_training.training_tasks(scale, device)
 
 
 def measure(scale: str, device: str) -> dict:
-    t = needle.trained(scale, device)
+    t = needle_training.trained(scale, device)
     s = t["setup"]
     reps = s.repeats if scale == "quick" else max(s.repeats, FULL_REPEATS)
     kinds = {"relevant only": (needle.min_length(1), 1), "everything": (s.train_len, s.max_facts),
@@ -137,7 +138,7 @@ def measure(scale: str, device: str) -> dict:
     repeats = []
     for r in range(reps):
         seed = 1600 + 100 * r
-        m = needle.for_repetition(t, r)
+        m = needle_training.for_repetition(t, r)
         model = m["model"]
         rep = {"model_seed": m["seed"], **needle.learned_probes(m, seed, device), "kinds": {}}
         prompts = {}
@@ -151,7 +152,8 @@ def measure(scale: str, device: str) -> dict:
                 for k in (list(prompts) if j % 2 == 0 else list(prompts)[::-1]):
                     rep["kinds"][k]["prefill_s"].append(_prefill_s(model, prompts[k], device))
         repeats.append(rep)
-    return {"batch": BATCH, "train_len": s.train_len, "repeats": repeats, "model": needle.summary(scale, device)}
+    return {"batch": BATCH, "train_len": s.train_len, "repeats": repeats,
+            "model": needle_training.summary(scale, device)}
 
 
 def decide_one(rep: dict, batch: int) -> Decision:

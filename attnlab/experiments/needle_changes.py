@@ -7,7 +7,7 @@ from __future__ import annotations
 # The change of method that claims 14-16 share (their CHANGES take it with their own verdict after it).
 TRAINING_OLD = ("3 layers, width 96, 4 heads; 2,500 steps of batch 16 at learning rate 2e-3, half corpus windows"
                 " and half 1-5 facts planted in corpus text (up to 3 asked)")
-TRAINING_NEW = ("2 layers, width 128, 8 heads, batch 32, learning rate 2e-3, in two phases (needle._batches): "
+TRAINING_NEW = ("2 layers, width 128, 8 heads, batch 32, learning rate 2e-3, in two phases (needle_training._batches): "
                 "dense sequences only (4 facts side by side, all asked) until dense probes score >= 90% (checked"
                 " every 250 steps, at most 6,000), then 1,500 steps mixing dense sequences, 2-5 facts in corpus "
                 "text and corpus windows")
@@ -97,6 +97,10 @@ def batch_change(before: str) -> dict:
                    "this change (reports/HISTORY.md)."}
 
 
+# What a repetition was before the fourth change, in the thresholds that CHANGES quote as they were.
+DRAWS_REPETITIONS = "Repetitions (independent haystack and fact draws, 3 at full scale) must agree."
+
+
 # The fourth change: one model per repetition, and a first phase that starts again from a new initialisation.
 SEEDS_WHY = ("Issue 29 asks every verdict to come from independent repetitions. Claims 14-16's three repetitions were "
              "rounds of new probes on one trained model, so every round shared that model's quirks (the step its "
@@ -111,7 +115,8 @@ SEEDS_WHY = ("Issue 29 asks every verdict to come from independent repetitions. 
              "When the lookup forms is a property of the initialisation, so the training is fixed, not the regime: "
              "an attempt whose dense probes are still below 60% at 4,000 steps (the plateau reads 25-56%) starts "
              "again from a new initialisation, at most 3 attempts, each shown; one that is climbing runs on to 6,000 "
-             "as before, and every attempt keeps the 6,000-step schedule, so seeds 0 and 1 train as they did. "
+             "as before (and, but the last, starts again if it has not learned by then), and every attempt keeps the "
+             "6,000-step schedule, so seeds 0 and 1 train as they did. "
              "Predictions, thresholds, regimes and probes are unchanged; a seed whose last attempt does not learn "
              "reads 'regime not reached' in its repetition, and the claim's verdict with it.")
 
@@ -125,7 +130,10 @@ def seeds_change(before: str) -> dict:
                    "most 6,000 steps, once",
             "new": "one model per repetition, each trained from its own seed with the same recipe, repetition r "
                    "probing model r with the probes it drew before; a first phase whose dense probes are below 60% at "
-                   "4,000 steps starts again from a new initialisation (seed + 100 per attempt), at most 3 attempts, "
-                   "the last one up to 6,000 steps",
+                   "4,000 steps starts again from a new initialisation (seed + 100 per attempt), as does one that "
+                   "climbed past 60% but has not learned by 6,000; at most 3 attempts, the last going on to the "
+                   "mixed phase whether it learned or not; each threshold says what a repetition is now (one "
+                   "model each; its wording kept 'independent haystack and fact draws' until the reference after "
+                   "18a9280)",
             "why": SEEDS_WHY + " Verdict before: " + before + " (reference b3db23b); after: the reference run at this "
                    "change (reports/HISTORY.md)."}
