@@ -25,9 +25,10 @@ one) / (n - 1). Every side runs every call shape once untimed first; the sides a
 (common.round_order) and every ratio is the median of per-round ratios. The machine's bounds come from the same run,
 measured before and after: the fp32 matmul peak and
 the memory bandwidth. Each batch-1 decode row is also a share of its bound (weight bytes read per token over the
-bandwidth, against the measured step), each batched row and each TTFT a share of the peak (model FLOPs of prompts
-and outputs over wall time); a TTFT row also says how far CTranslate2's is from the peak's bound, the most any engine
-could beat it by on this machine. Greedy tokens are compared in fp32. Writes benchmarks/results/vs_ctranslate2.json.
+bandwidth, against the measured step), each batched row and each TTFT a share of the fp32 peak (model FLOPs of
+prompts and outputs over wall time; int8 rows can pass 1); the fp32 TTFT row also says how far CTranslate2's is from
+the peak's bound, the most any engine could beat it by on this machine. Greedy tokens are compared in fp32. Writes
+benchmarks/results/vs_ctranslate2.json.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The needle-in-a-haystack probes of claims 14-16 (experiments/needle.py): facts of one form planted in real text,
-distractors from the needle's own distribution, the needle where it was asked, answers scored exactly."""
+distractors from the needle's own distribution, the needle where it was asked, answers scored exactly; and the models'
+training (experiments/needle_training.py): its curriculum, its batch streams, restarts, one model per repetition."""
 import re
 from collections import Counter
 
@@ -201,7 +202,7 @@ def test_no_two_seeds_attempts_or_phases_share_a_batch_stream():
     # climbing past LEAVING, but not learned by dense_steps: it starts again too
     ([0.3, 0.4, 0.5, 0.7, 0.8, 0.8, 0.85, 0.85] + [0.3] * 8, [(8, 8), (8, 8)], [(1, 8, False), (101, 8, False)]),
 ])
-def test_an_attempt_starts_again_only_if_still_on_its_plateau(monkeypatch, accs, runs, tried):
+def test_an_attempt_starts_again_on_its_plateau_or_unlearned_at_its_end(monkeypatch, accs, runs, tried):
     """Attempts but the last stop at plateau_steps if their dense probes are still below LEAVING there, and start
     again after dense_steps if they climbed but did not learn; the learning rate's schedule spans dense_steps in each
     (so seed 0's first attempt trains as it always did)."""

@@ -67,6 +67,8 @@ CHANGES = [
                                 "4.7-5.1 points, each within noise of its margin)"),
     needle_changes.seeds_change("inconclusive in 3 of 3 repetitions on one model (the weight's fall 9-13%, within "
                                 "noise of its 10% margin)"),
+    needle_changes.repetitions_change(_THRESHOLD_BODY + " " + needle_changes.DRAWS_REPETITIONS, THRESHOLD,
+                                      "inconclusive (unstable): seeds 0 and 1 inconclusive, seed 2 not supported"),
 ]
 EST_S = {"quick": 2, "full": 60}  # seconds on a 2-core CPU, the training stage left out: the progress estimate
 TRAIN_EST_S = {"quick": 17, "full": 1100}  # this claim's share of the training stage (training.py), in seconds
@@ -172,8 +174,8 @@ def run(scale: str, device: str) -> Outcome:
     labels = [f"{n}B/{k - 1}d" for n, k in conds]
     xs = list(range(len(conds)))
     caveats = [f"Conditions (x axis, bytes/distractors): {', '.join(labels)}. Each repetition draws new haystacks "
-               "(held-out corpus text) and new facts, and probes a model of its own seed (needle.py), shared with "
-               "claims 15 and 16.",
+               "(held-out corpus text) and new facts, and probes a model of its own seed (needle_training.py), shared "
+               "with claims 15 and 16.",
                needle_training.models_line(m["model"], m["train_len"])]
     return Outcome.of(decide(m), m, [
         Plot("Attention weight on the planted fact", "condition (see caveats)", "weight (tracked head)",

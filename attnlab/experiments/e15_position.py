@@ -48,6 +48,8 @@ CHANGES = [
     needle_changes.stage_change("not supported"),
     needle_changes.batch_change("not supported in 3 of 3 repetitions"),
     needle_changes.seeds_change("not supported in 3 of 3 repetitions on one model"),
+    needle_changes.repetitions_change(_THRESHOLD_BODY + " " + needle_changes.DRAWS_REPETITIONS, THRESHOLD,
+                                      "not supported on all three models"),
 ]
 EST_S = {"quick": 4, "full": 25}
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)

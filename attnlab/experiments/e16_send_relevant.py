@@ -114,6 +114,8 @@ CHANGES.append(
              "short one) is left unobservable by it. Prediction and threshold unchanged. Verdict before: supported "
              "(reference b1c16d5, 3 of 3 repetitions: relevant only 100%, everything 92-96%, padded 100%); after, on "
              "the same data: supported (3 of 3; the look-alike condition 99.0-99.6%).")})
+CHANGES.append(needle_changes.repetitions_change(_THRESHOLD_BODY + " " + needle_changes.DRAWS_REPETITIONS, THRESHOLD,
+                                                 "supported on all three models"))
 EST_S = {"quick": 8, "full": 30}
 BATCH, ROUNDS = 32, 7
 PADDED = "padded, no distractor"  # the control: the fact in corpus text at the trained length

@@ -1,11 +1,12 @@
 """Facts planted in real text, and the probes that claims 14, 15 and 16 measure with (the models they probe:
 needle_training.py).
 
-A probe builds sequences from the held-out split of the embedded corpus (Python's standard library): ``k`` facts of
-one fixed form, ``code_qx = 4817``, planted at line starts of a window of text, then the query ``code_qx = `` asking
-one of them again. The asked fact (the needle) sits at a chosen depth, beside ``n_facts - 1`` distractors of the same
-form drawn from the same key and value distribution (no vocabulary of their own: the model must read the key to tell
-them apart), in contexts from short to beyond the trained length. Accuracy is that of the first answer digit, the step
+A probe builds sequences from corpus text it is given (the claims': the held-out split of the embedded corpus,
+Python's standard library; the training's checks: the training split): ``k`` facts of one fixed form,
+``code_qx = 4817``, planted at line starts of a window of text, then the query ``code_qx = `` asking one of them
+again. The asked fact (the needle) sits at a chosen depth, beside ``n_facts - 1`` distractors of the same form drawn
+from the same key and value distribution (no vocabulary of their own: the model must read the key to tell them
+apart), in contexts from short to beyond the trained length. Accuracy is that of the first answer digit, the step
 that must find the fact by its key (all four digits right, what greedy decoding would write, is recorded beside it);
 the attention weight is the one the position before the first digit puts on the needle's line, per layer and head.
 """
@@ -22,8 +23,6 @@ from attnlab.experiments.base import Decision, over_repeats
 KEY_PREFIX, LETTERS, DIGITS = "code_", "abcdefghijklmnopqrstuvwxyz", 4
 LEARNED = 0.8  # baseline accuracy (short context, no distractors) at which the model counts as having learned
 Z = 2.0  # a difference counts when it clears its margin by this many standard errors
-
-
 
 
 def fact_line(key: str, value: str) -> bytes:
@@ -115,7 +114,6 @@ def needle_batch(text: bytes, n: int, length: int, n_facts: int, g: torch.Genera
         at = torch.tensor(info["answers"])
         y[b, at - 1] = seq[b, at]  # position t predicts byte t + 1
     return x, y, list(infos)
-
 
 
 def _span_weight(row: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:

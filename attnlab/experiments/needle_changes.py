@@ -1,6 +1,7 @@
-"""The changes of method that claims 14-16 share (their needle models, needle.py), as CHANGES entries each claim takes
-with its own verdicts: the training's two phases, the learning rate and probe sizes, the training stage, the first
-phase's batch, one model per repetition and restarts of a first phase on its plateau."""
+"""The changes of method that claims 14-16 share (their needle models, needle_training.py), as CHANGES entries each
+claim takes with its own verdicts: the training's two phases, the learning rate and probe sizes, the training stage, the
+first phase's batch, one model per repetition and restarts of a first phase that has not learned, and the thresholds'
+wording of what a repetition is."""
 from __future__ import annotations
 
 
@@ -116,9 +117,21 @@ SEEDS_WHY = ("Issue 29 asks every verdict to come from independent repetitions. 
              "an attempt whose dense probes are still below 60% at 4,000 steps (the plateau reads 25-56%) starts "
              "again from a new initialisation, at most 3 attempts, each shown; one that is climbing runs on to 6,000 "
              "as before (and, but the last, starts again if it has not learned by then), and every attempt keeps the "
-             "6,000-step schedule, so seeds 0 and 1 train as they did. "
-             "Predictions, thresholds, regimes and probes are unchanged; a seed whose last attempt does not learn "
-             "reads 'regime not reached' in its repetition, and the claim's verdict with it.")
+             "6,000-step schedule, so seeds 0 and 1 train as they did. Predictions, the thresholds' rules, regimes "
+             "and probes are unchanged; a seed whose last attempt does not learn reads 'regime not reached' in its "
+             "repetition, and the claim's verdict with it.")
+
+
+def repetitions_change(old: str, new: str, verdict: str) -> dict:
+    """The CHANGES entry of a threshold's wording (``old`` -> ``new``) that still called repetitions draws of probes
+    after seeds_change made them models; ``verdict``: the claim's at 18a9280, which the unchanged rule keeps."""
+    return {"date": "2026-12-07", "what": "threshold wording: what a repetition is (the rule unchanged)",
+            "old": old, "new": new,
+            "why": "After one model per repetition (the 2026-12-07 method entry), the threshold still said a "
+                   "repetition was an independent draw of haystacks and facts; through the reference at 18a9280 the page showed "
+                   "that wording beside repetitions that were independently trained models. The decision rule is the "
+                   "same, so the verdict is too: before, " + verdict + " (reference 18a9280); after, the reference run "
+                   "at this change (reports/HISTORY.md)."}
 
 
 def seeds_change(before: str) -> dict:
@@ -132,8 +145,6 @@ def seeds_change(before: str) -> dict:
                    "probing model r with the probes it drew before; a first phase whose dense probes are below 60% at "
                    "4,000 steps starts again from a new initialisation (seed + 100 per attempt), as does one that "
                    "climbed past 60% but has not learned by 6,000; at most 3 attempts, the last going on to the "
-                   "mixed phase whether it learned or not; each threshold says what a repetition is now (one "
-                   "model each; its wording kept 'independent haystack and fact draws' until the reference after "
-                   "18a9280)",
+                   "mixed phase whether it learned or not",
             "why": SEEDS_WHY + " Verdict before: " + before + " (reference b3db23b); after: the reference run at this "
                    "change (reports/HISTORY.md)."}

@@ -5,7 +5,7 @@ A byte-level language model is trained on the embedded corpus and on retrieval s
 (needle.plant), from the training split: the loss is on the answer digits only. Training runs in two phases
 (``_batches``): first only dense sequences (four facts side by side, all four asked), then dense sequences, facts in
 corpus text at every length up to the trained one, and plain corpus text, mixed. A first phase still on its plateau
-starts again from a new initialisation (``_train_job``).
+at ``plateau_steps``, or not learned by ``dense_steps``, starts again from a new initialisation (``_train_job``).
 
 One model is trained per repetition (its own seed: initial weights and batch order; 3 at full scale) once per
 (scale, device), and shared by the three claims within one report process: repetition r of every claim probes model
@@ -44,7 +44,7 @@ class Setup:
     probe_n: int  # probes per condition and repetition
     weight_n: int  # of which this many also have their attention maps read
     repeats: int
-    attempts: int = 1  # initialisations tried, at most, for a first phase that does not leave the plateau
+    attempts: int = 1  # initialisations tried, at most, for a first phase that does not learn
     plateau_steps: int = 0  # an attempt but the last still on the plateau (below LEAVING) here starts again
 
 
