@@ -50,6 +50,8 @@ CHANGES = [
     needle_changes.seeds_change("not supported in 3 of 3 repetitions on one model"),
     needle_changes.repetitions_change(_THRESHOLD_BODY + " " + needle_changes.DRAWS_REPETITIONS, THRESHOLD,
                                       "not supported on all three models"),
+    needle_changes.width_change("not supported in 3 of 3 repetitions (gap (a) -13.2, -10.9, -6.7 points)",
+                                "not supported in 3 of 3 repetitions (gap (a) -8.7, -10.3, -5.1 points)"),
 ]
 EST_S = {"quick": 4, "full": 25}
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)

@@ -116,6 +116,8 @@ CHANGES.append(
              "the same data: supported (3 of 3; the look-alike condition 99.0-99.6%).")})
 CHANGES.append(needle_changes.repetitions_change(_THRESHOLD_BODY + " " + needle_changes.DRAWS_REPETITIONS, THRESHOLD,
                                                  "supported on all three models"))
+CHANGES.append(needle_changes.width_change("supported in 3 of 3 repetitions (prefill 4.8-4.9x)",
+                                           "supported in 3 of 3 repetitions (prefill 5.0-5.1x)"))
 EST_S = {"quick": 8, "full": 30}
 BATCH, ROUNDS = 32, 7
 PADDED = "padded, no distractor"  # the control: the fact in corpus text at the trained length

@@ -1,7 +1,7 @@
 """The changes of method that claims 14-16 share (their needle models, needle_training.py), as CHANGES entries each
 claim takes with its own verdicts: the training's two phases, the learning rate and probe sizes, the training stage, the
-first phase's batch, one model per repetition and restarts of a first phase that has not learned, and the thresholds'
-wording of what a repetition is."""
+first phase's batch, one model per repetition and restarts of a first phase that has not learned, the thresholds'
+wording of what a repetition is, and the models' width and mixed phase."""
 from __future__ import annotations
 
 
@@ -128,8 +128,9 @@ def repetitions_change(old: str, new: str, verdict: str) -> dict:
     return {"date": "2026-12-07", "what": "threshold wording: what a repetition is (the rule unchanged)",
             "old": old, "new": new,
             "why": "After one model per repetition (the 2026-12-07 method entry), the threshold still said a "
-                   "repetition was an independent draw of haystacks and facts; through the reference at 18a9280 the page showed "
-                   "that wording beside repetitions that were independently trained models. The decision rule is the "
+                   "repetition was an independent draw of haystacks and facts; through the reference at 18a9280 the "
+                   "page showed that wording beside repetitions that were independently trained models. The decision "
+                   "rule is the "
                    "same, so the verdict is too: before, " + verdict + " (reference 18a9280); after, the reference run "
                    "at this change (reports/HISTORY.md)."}
 
@@ -148,3 +149,31 @@ def seeds_change(before: str) -> dict:
                    "mixed phase whether it learned or not",
             "why": SEEDS_WHY + " Verdict before: " + before + " (reference b3db23b); after: the reference run at this "
                    "change (reports/HISTORY.md)."}
+
+
+# The sixth change: narrower models and a shorter mixed phase, for the report's hour.
+WIDTH_WHY = ("Issue 29 (the full report in an hour on 2 cores): at width 128 the three models took 2,285 of the "
+             "training stage's 6,525 job-seconds in the reference of bcadddb (4,256 s in all): 100 ms a dense step and "
+             "180 ms a mixed step on one thread, 3,000-3,250 dense steps before the lookup formed, and a restart "
+             "(seed 2: 1,039 s). Trials of the dense phase alone, one thread each and two at a time as the training "
+             "stage runs them, from the report's initialisations: at width 96 with 6 heads (65 ms a step) seeds 0, 1 "
+             "and 2 learned at 2,000, 4,250 and 1,750 steps (91%, 94% and 95% on dense probes); at width 128, learning "
+             "rates 2e-3 and 3e-3 (seed 0) were still on the plateau at 3,250 steps, and 8 sequences a step (seeds 0 "
+             "and 1) at 5,500. A mixed step at width 96 takes 118 ms, and 1,000 of them carried the lookup into "
+             "corpus text: `attnlab report --scale full --only 14,15,16` with this setup trained the three models in "
+             "913 job-seconds (259, 412 and 242 s; 502 s of wall time, two at a time), each at 100% on the fact alone "
+             "and 97-99% beside one look-alike at the trained length (held-out 3.17-3.40 bits per byte, 2.85-2.93 at "
+             "width 128: shown, not decided). Predictions, thresholds, regimes and probes are unchanged; the training "
+             "is changed, not the margins.")
+
+
+def width_change(before: str, trial: str) -> dict:
+    """The CHANGES entry (claims 14-16) of the models at width 96 and a mixed phase of 1,000 steps, with the claim's
+    verdict ``before`` (reference bcadddb) and in the trial run with this setup (``trial``)."""
+    return {"date": "2026-12-07", "what": "method: the shared models at width 96 (6 heads) and 1,000 mixed steps",
+            "old": "width 128, 8 heads of width 16; the mixed phase 1,500 steps",
+            "new": ("width 96, 6 heads of width 16; the mixed phase 1,000 steps; the rest as before (2 layers, "
+                    "learning rate 1e-3, 16 then 32 sequences a step, the dense phase until 90% on dense probes, "
+                    "restarts)"),
+            "why": WIDTH_WHY + " Verdict before: " + before + " (reference bcadddb); in the trial: " + trial
+                   + "; after: the reference run at this change (reports/HISTORY.md)."}
