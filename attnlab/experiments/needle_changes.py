@@ -64,7 +64,8 @@ def lr_change(after: str) -> dict:
 def stage_change(before: str) -> dict:
     """The CHANGES entry (claims 14-16, each with its verdict ``before``) of the model's training moving into the
     report's training stage, on one thread."""
-    return {"date": "2026-12-03", "what": "method: the shared model trained in the report's training stage, on one thread",
+    return {"date": "2026-12-03",
+            "what": "method: the shared model trained in the report's training stage, on one thread",
             "old": "trained inside the first of claims 14-16 to run, on the report's threads (2 here)",
             "new": ("the same training as one job of the report's training stage (experiments/training.py): a worker "
                     "process of one thread, beside the other claims' models, before any claim is timed"),
@@ -151,20 +152,20 @@ def seeds_change(before: str) -> dict:
                    "change (reports/HISTORY.md)."}
 
 
-# The sixth change: narrower models and a shorter mixed phase, for the report's hour.
-WIDTH_WHY = ("Issue 29 (the full report in an hour on 2 cores): at width 128 the three models took 2,285 of the "
-             "training stage's 6,525 job-seconds in the reference of bcadddb (4,256 s in all): 100 ms a dense step and "
-             "180 ms a mixed step on one thread, 3,000-3,250 dense steps before the lookup formed, and a restart "
-             "(seed 2: 1,039 s). Trials of the dense phase alone, one thread each and two at a time as the training "
-             "stage runs them, from the report's initialisations: at width 96 with 6 heads (65 ms a step) seeds 0, 1 "
-             "and 2 learned at 2,000, 4,250 and 1,750 steps (91%, 94% and 95% on dense probes); at width 128, learning "
-             "rates 2e-3 and 3e-3 (seed 0) were still on the plateau at 3,250 steps, and 8 sequences a step (seeds 0 "
-             "and 1) at 5,500. A mixed step at width 96 takes 118 ms, and 1,000 of them carried the lookup into "
-             "corpus text: `attnlab report --scale full --only 14,15,16` with this setup trained the three models in "
-             "913 job-seconds (259, 412 and 242 s; 502 s of wall time, two at a time), each at 100% on the fact alone "
-             "and 97-99% beside one look-alike at the trained length (held-out 3.17-3.40 bits per byte, 2.85-2.93 at "
-             "width 128: shown, not decided). Predictions, thresholds, regimes and probes are unchanged; the training "
-             "is changed, not the margins.")
+# The change of the models' width and of the mixed phase's length, for the report's hour.
+WIDTH_WHY = ("Issue 29 (the full report in an hour on 2 cores): at width 128 the three models took 2,286 of the "
+             "training stage's 6,525 job-seconds in the reference of bcadddb (4,256 s in all): 102 ms a dense step and "
+             "180 ms a mixed step (timed alone on one thread), 3,000-3,250 dense steps before the lookup formed, and a "
+             "restart (seed 2: 1,039 s). Trials of the dense phase alone, one thread each and two at a time as the "
+             "training stage runs them, from the report's initialisations: at width 96 with 6 heads (65 ms a step "
+             "alone, 69 ms two at a time) seeds 0, 1 and 2 learned at 2,000, 4,250 and 1,750 steps (91%, 94% and 95% "
+             "on dense probes); at width 128, learning rates 2e-3 and 3e-3 (seed 0) were still on the plateau at "
+             "3,250 steps, and 8 sequences a step (seeds 0 and 1) at 5,750. A mixed step at width 96 takes 118 ms "
+             "alone, and 1,000 of them carried the lookup into corpus text: `attnlab report --scale full --only "
+             "14,15,16` with this setup trained the three models in 913 job-seconds (259, 412 and 242 s; 502 s of wall "
+             "time, two at a time), each at 100% on the fact alone and 97-100% beside one look-alike at the trained "
+             "length (held-out 3.17-3.40 bits per byte, 2.85-2.93 at width 128: shown, not decided). Predictions, "
+             "thresholds, regimes and probes are unchanged; the training is changed, not the margins.")
 
 
 def width_change(before: str, trial: str) -> dict:
