@@ -9,11 +9,13 @@ import subprocess
 import time
 from pathlib import Path
 
-from attnlab.runtime import cpu_name, machine_context, set_threads
-from attnlab.timing import matmul_peak, memory_bandwidth
+import torch
 
-__all__ = ["context", "cpu_name", "matmul_peak_flops", "memory_bandwidth", "round_order", "set_threads", "summarize",
-           "timed_call", "write_json"]
+from attnlab.runtime import cpu_name, machine_context, set_threads
+from attnlab.timing import matmul_peak, memory_bandwidth, now
+
+__all__ = ["context", "cpu_name", "matmul_peak_flops", "memory_bandwidth", "product_peak_ops", "round_order",
+           "set_threads", "summarize", "timed_call", "write_json"]
 
 
 RESULTS = Path(__file__).resolve().parent / "results"  # reference results: clean tree, named commit
@@ -39,6 +41,33 @@ def matmul_peak_flops() -> float:
     """Best-of fp32 matmul FLOP/s on this machine, now (the 'peak' our figures are shares of), over torch's own
     product (MKL) and oneDNN's where torch has it: the engine's prefill takes the faster (attnlab.engine.many_rows)."""
     return matmul_peak(seconds=0.3, onednn=True)
+
+
+def product_peak_ops(dtype: str, n: int = 2048, seconds: float = 0.3) -> float:
+    """Best OP/s of an n x n by n x n product (2 n^3 a call) in ``dtype`` on this CPU now, at the threads in force:
+    "bf16", torch's product of bf16 tensors (oneDNN's where the CPU has it); "int8", torch's ``_int_mm`` (int32
+    sums). An int8 model's products run on bf16 activations, widened or quantized too (engine.quantize's w8a8),
+    whichever is faster: judged against the fp32 peak alone, such a row could pass 100% of it on arithmetic that peak
+    does not measure. 0.0 where this build has no such product."""
+    if dtype == "int8":
+        a = torch.randint(-127, 128, (n, n), dtype=torch.int8)
+        b = torch.randint(-127, 128, (n, n), dtype=torch.int8)
+        product = lambda: torch._int_mm(a, b)
+    elif dtype == "bf16":
+        a, b = torch.randn(n, n).bfloat16(), torch.randn(n, n).bfloat16()
+        product = lambda: a @ b
+    else:
+        raise ValueError(f"dtype {dtype!r}: bf16 or int8 (the fp32 peak is matmul_peak_flops)")
+    try:
+        product()
+    except RuntimeError:
+        return 0.0
+    best, start = 0.0, now()
+    while now() - start < seconds:
+        t = now()
+        product()
+        best = max(best, 2 * n ** 3 / (now() - t))
+    return best
 
 
 def context(seed: int = 0, dtype: str = "fp32", device: str = "cpu") -> dict:
