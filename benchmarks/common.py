@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from attnlab.runtime import cpu_name, machine_context, set_threads
-from attnlab.timing import matmul_peak, memory_bandwidth, now
+from attnlab.timing import matmul_peak, memory_bandwidth, time_calls
 
 __all__ = ["context", "cpu_name", "matmul_peak_flops", "memory_bandwidth", "product_peak_ops", "round_order",
            "set_threads", "summarize", "timed_call", "write_json"]
@@ -43,9 +43,9 @@ def matmul_peak_flops() -> float:
     return matmul_peak(seconds=0.3, onednn=True)
 
 
-def product_peak_ops(dtype: str, n: int = 2048, seconds: float = 0.3) -> float:
-    """Best OP/s of an n x n by n x n product (2 n^3 a call) in ``dtype`` on this CPU now, at the threads in force:
-    "bf16", torch's product of bf16 tensors (oneDNN's where the CPU has it); "int8", torch's ``_int_mm`` (int32
+def product_peak_ops(dtype: str, n: int = 2048, repeats: int = 9) -> float:
+    """Best OP/s of an n x n by n x n product (2 n^3 a call, the fastest of ``repeats`` after a warm-up) in ``dtype``
+    on this CPU now, at the threads in force: "bf16", torch's product of bf16 tensors (oneDNN's where the CPU has it); "int8", torch's ``_int_mm`` (int32
     sums). An int8 model's products run on bf16 activations, widened or quantized too (engine.quantize's w8a8),
     whichever is faster: judged against the fp32 peak alone, such a row could pass 100% of it on arithmetic that peak
     does not measure. 0.0 where this build has no such product."""
@@ -59,15 +59,10 @@ def product_peak_ops(dtype: str, n: int = 2048, seconds: float = 0.3) -> float:
     else:
         raise ValueError(f"dtype {dtype!r}: bf16 or int8 (the fp32 peak is matmul_peak_flops)")
     try:
-        product()
+        product()  # the warm-up, and whether this build has the product at all
     except RuntimeError:
         return 0.0
-    best, start = 0.0, now()
-    while now() - start < seconds:
-        t = now()
-        product()
-        best = max(best, 2 * n ** 3 / (now() - t))
-    return best
+    return 2 * n ** 3 / time_calls(product, repeats, warmup=0)["min_s"]
 
 
 def context(seed: int = 0, dtype: str = "fp32", device: str = "cpu") -> dict:
